@@ -1,0 +1,1 @@
+"""Reference schedulers: ``due_runs`` (external command) and ``pipelines`` (Kafka-native)."""

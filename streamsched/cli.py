@@ -1,0 +1,236 @@
+"""``streamsched`` command line: broker, topics, run, emit."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, StreamschedError
+
+DEFAULT_DATA_DIR = Path(".streamsched/broker")
+
+
+def resolve_bootstrap(arg: str | None) -> str:
+    """--bootstrap, then STREAMSCHED_BOOTSTRAP, then the local broker started by this project."""
+    if arg:
+        return arg
+    env = os.environ.get("STREAMSCHED_BOOTSTRAP")
+    if env:
+        return env
+    state = DEFAULT_DATA_DIR / "cluster.json"
+    if state.exists():
+        return str(json.loads(state.read_text())["bootstrap"])
+    raise ConfigError("no Kafka to talk to: pass --bootstrap, set STREAMSCHED_BOOTSTRAP, "
+                      "or run `streamsched broker start`")
+
+
+def load_app(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"expected MODULE:ATTR, got {ref!r}")
+    sys.path.insert(0, os.getcwd())
+    return getattr(importlib.import_module(module), attr)
+
+
+# --- broker ---------------------------------------------------------------------------------------
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from . import broker
+
+    data_dir = Path(args.data_dir)
+    if args.action == "start":
+        st = broker.status(data_dir)
+        if st.get("running"):
+            print(st["bootstrap"])
+            return 0
+        cluster = broker.LocalCluster(data_dir=data_dir, nodes=args.nodes, port=args.port)
+        print(cluster.start())
+        return 0
+    if args.action == "stop":
+        st = broker.status(data_dir)
+        saved = data_dir / "cluster.json"
+        if saved.exists():
+            for node in json.loads(saved.read_text())["nodes"]:
+                broker.stop_pid_file(Path(node["data_dir"]) / "pid")
+        print("stopped" if st.get("running") else "not running")
+        return 0
+    st = broker.status(data_dir)
+    print(json.dumps(st, indent=2))
+    return 0 if st.get("running") else 1
+
+
+# --- topics ---------------------------------------------------------------------------------------
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from .topics import TopicSpec, apply, load_dir
+
+    specs = load_dir(Path(args.dir))
+    bootstrap = resolve_bootstrap(args.bootstrap)
+    if args.replication:
+        specs = [s.with_replication(args.replication) for s in specs]
+    report = asyncio.run(apply(bootstrap, specs))
+    if args.app:
+        app = load_app(args.app)
+        derived: list[TopicSpec] = []
+        by_name = {s.name: s for s in specs}
+        for sched in app.schedulers.values():
+            base = by_name.get(sched.topic)
+            if base is None:
+                raise ConfigError(f"scheduler {sched.name}: topic {sched.topic} is not defined")
+            derived.append(TopicSpec(sched.state_topic, base.partitions, base.replication, "state"))
+            derived.append(TopicSpec(sched.dead_letter_topic, base.partitions, base.replication,
+                                     "dead_letter"))
+        more = asyncio.run(apply(bootstrap, derived))
+        report.created += more.created
+        report.unchanged += more.unchanged
+    print(json.dumps({"created": report.created, "unchanged": report.unchanged}))
+    return 0
+
+
+# --- run ------------------------------------------------------------------------------------------
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .worker import Worker, worker_config_from_env
+
+    app = load_app(args.app)
+    names = [args.scheduler] if args.scheduler else list(app.schedulers)
+    unknown = [n for n in names if n not in app.schedulers]
+    if unknown:
+        raise ConfigError(f"no scheduler named {unknown[0]!r} in {args.app}")
+    config = worker_config_from_env(resolve_bootstrap(args.bootstrap))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        workers = [Worker(app.schedulers[n], config) for n in names]
+        async with asyncio.TaskGroup() as tg:
+            for w in workers:
+                tg.create_task(w.run(stop))
+        for w in workers:
+            print(json.dumps(w.metrics.snapshot()), file=sys.stderr)
+
+    logging.basicConfig(level=os.environ.get("STREAMSCHED_LOG", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(main())
+    return 0
+
+
+# --- emit -----------------------------------------------------------------------------------------
+
+def event_from_json(doc: dict[str, Any]) -> Any:
+    """Build a validated TransitionEvent from the CLI's JSON shape."""
+    from .codecs import TransitionEvent, decode_transition, encode_transition, json_dumps
+
+    allowed = {"type", "tenant", "target", "due_ns", "payload", "event_id", "attempt", "origin"}
+    extra = set(doc) - allowed
+    if extra:
+        raise ConfigError(f"unknown event fields {sorted(extra)}; allowed: {sorted(allowed)}")
+    if "type" not in doc:
+        raise ConfigError("an event needs a 'type'")
+    target = doc.get("target", [])
+    if isinstance(target, str):
+        target = [target]
+    ev = TransitionEvent(
+        event_id=str(doc.get("event_id") or uuid.uuid4().hex),
+        type=str(doc["type"]),
+        tenant=str(doc.get("tenant", "")),
+        target=tuple(str(t) for t in target),
+        due_ns=int(doc.get("due_ns", 0)),
+        payload=json_dumps(doc.get("payload", {})),
+        produced_ns=time.time_ns(),
+        attempt=int(doc.get("attempt", 1)),
+        origin=doc.get("origin"),
+    )
+    # Round-trip through the decoder: `emit` refuses anything a worker would dead-letter.
+    return decode_transition(encode_transition(ev))
+
+
+def cmd_emit(args: argparse.Namespace) -> int:
+    from aiokafka import AIOKafkaProducer
+
+    from .codecs import encode_transition
+    from .identity import route_key
+    from .names import validate_name
+
+    validate_name(args.topic, "topic")
+    try:
+        doc = json.loads(args.json)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--json is not valid JSON (line {exc.lineno} col {exc.colno})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError("--json must be an object")
+    ev = event_from_json(doc)
+    key = args.key.encode() if args.key else route_key(ev.tenant, ev.target)
+    bootstrap = resolve_bootstrap(args.bootstrap)
+
+    async def send() -> Any:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+        await producer.start()
+        try:
+            return await producer.send_and_wait(args.topic, encode_transition(ev), key=key)
+        finally:
+            await producer.stop()
+
+    md = asyncio.run(send())
+    print(json.dumps({"topic": md.topic, "partition": md.partition, "offset": md.offset,
+                      "event_id": ev.event_id}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamsched", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("broker", help="run a local Apache Kafka (KRaft) on loopback")
+    b.add_argument("action", choices=["start", "stop", "status"])
+    b.add_argument("--port", type=int, default=None)
+    b.add_argument("--nodes", type=int, default=1)
+    b.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
+    b.set_defaults(fn=cmd_broker)
+
+    t = sub.add_parser("topics", help="apply topic definitions idempotently")
+    t.add_argument("action", choices=["apply"])
+    t.add_argument("--dir", default="topics")
+    t.add_argument("--app", default=None, help="MODULE:ATTR whose schedulers' state topics to apply too")
+    t.add_argument("--replication", type=int, default=None)
+    t.add_argument("--bootstrap", default=None)
+    t.set_defaults(fn=cmd_topics)
+
+    r = sub.add_parser("run", help="run an app's schedulers as consumer-group members")
+    r.add_argument("app", help="MODULE:ATTR of a streamsched.App")
+    r.add_argument("--scheduler", default=None)
+    r.add_argument("--bootstrap", default=None)
+    r.set_defaults(fn=cmd_run)
+
+    e = sub.add_parser("emit", help="produce one schema-validated transition event")
+    e.add_argument("topic")
+    e.add_argument("--json", required=True, help='e.g. {"type":"due","tenant":"t1","target":["run-1"]}')
+    e.add_argument("--key", default=None, help="record key (default: the identity's route key)")
+    e.add_argument("--bootstrap", default=None)
+    e.set_defaults(fn=cmd_emit)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except StreamschedError as exc:
+        print(f"streamsched: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

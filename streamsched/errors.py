@@ -1,0 +1,166 @@
+"""The one error root of streamsched and its typed subclasses.
+
+Every error carries the fields a caller needs as attributes; messages never include payloads,
+credentials or plaintext identities (only digests, names the operator chose, and numbers).
+"""
+
+from __future__ import annotations
+
+
+class StreamschedError(Exception):
+    """Root of every error streamsched raises on purpose."""
+
+    kind: str = "error"
+
+
+class BrokerError(StreamschedError):
+    """The local Kafka runner could not fetch, format, start or reach a broker."""
+
+    kind = "broker"
+
+
+class ConfigError(StreamschedError):
+    """A scheduler, app or CLI option is invalid."""
+
+    kind = "config"
+
+
+class InvalidName(ConfigError):
+    """A schedule, topic or queue name does not match the allowed grammar."""
+
+    kind = "invalid_name"
+
+    def __init__(self, name_kind: str, reason: str) -> None:
+        super().__init__(f"invalid {name_kind} name: {reason}")
+        self.name_kind = name_kind
+        self.reason = reason
+
+
+class ReservedName(InvalidName):
+    """A user-supplied name uses the reserved ``__streamsched`` prefix."""
+
+    kind = "reserved_name"
+
+    def __init__(self, name_kind: str) -> None:
+        super().__init__(name_kind, "the prefix '__streamsched' is reserved")
+
+
+class BoundExceeded(StreamschedError):
+    """An input or option is outside its documented bound (SPEC §1)."""
+
+    kind = "bound"
+
+    def __init__(self, bound: str, limit: int | float, actual: int | float) -> None:
+        super().__init__(f"{bound} is {actual}, limit is {limit}")
+        self.bound = bound
+        self.limit = limit
+        self.actual = actual
+
+
+class InvalidSpec(StreamschedError):
+    """A schedule spec does not parse; ``reason`` says why."""
+
+    kind = "invalid_spec"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"invalid schedule spec: {reason}")
+        self.reason = reason
+
+
+class DecodeError(StreamschedError):
+    """A record could not be decoded or failed schema validation (it is dead-lettered)."""
+
+    kind = "decode"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ClaimError(StreamschedError):
+    """Base of claim state-machine refusals."""
+
+    kind = "claim"
+
+
+class StaleFence(ClaimError):
+    """A write presented a fencing token older than the current one."""
+
+    kind = "stale_fence"
+
+    def __init__(self, identity: str, presented: int, current: int) -> None:
+        super().__init__(f"stale fence {presented} for {identity} (current {current})")
+        self.identity = identity
+        self.presented = presented
+        self.current = current
+
+
+class RevisionConflict(ClaimError):
+    """A transition presented a revision other than the exact successor revision."""
+
+    kind = "revision_conflict"
+
+    def __init__(self, identity: str, presented: int, expected: int) -> None:
+        super().__init__(f"revision {presented} for {identity} is not the successor {expected}")
+        self.identity = identity
+        self.presented = presented
+        self.expected = expected
+
+
+class IllegalTransition(ClaimError):
+    """A claim transition is not allowed from the current state."""
+
+    kind = "illegal_transition"
+
+    def __init__(self, identity: str, state: str, action: str) -> None:
+        super().__init__(f"cannot {action} {identity} in state {state}")
+        self.identity = identity
+        self.state = state
+        self.action = action
+
+
+class LeaseHeld(ClaimError):
+    """Another owner holds an unexpired lease on the identity."""
+
+    kind = "lease_held"
+
+    def __init__(self, identity: str, owner: str, expires_ns: int) -> None:
+        super().__init__(f"{identity} is leased by another owner until {expires_ns}")
+        self.identity = identity
+        self.owner = owner
+        self.expires_ns = expires_ns
+
+
+class FencedOut(StreamschedError):
+    """This worker lost the partition: its transactional producer was fenced by a newer owner."""
+
+    kind = "fenced"
+
+    def __init__(self, topic: str, partition: int) -> None:
+        super().__init__(f"fenced out of {topic}[{partition}]")
+        self.topic = topic
+        self.partition = partition
+
+
+class CommandNotAllowed(StreamschedError):
+    """A handler used a command its scheduler role does not declare."""
+
+    kind = "command_not_allowed"
+
+    def __init__(self, command: str, scheduler: str) -> None:
+        super().__init__(f"command {command!r} is not declared by scheduler {scheduler!r}")
+        self.command = command
+        self.scheduler = scheduler
+
+
+class TopicMismatch(StreamschedError):
+    """A topic exists with partitions or configs other than its definition; never changed silently."""
+
+    kind = "topic_mismatch"
+
+    def __init__(self, topic: str, field: str, expected: str, actual: str) -> None:
+        super().__init__(f"topic {topic}: {field} is {actual!r}, definition says {expected!r}")
+        self.topic = topic
+        self.field = field
+        self.expected = expected
+        self.actual = actual

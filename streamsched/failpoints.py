@@ -1,0 +1,51 @@
+"""Crash-test failpoints, free when off.
+
+``STREAMSCHED_FAILPOINT=after_claim:3`` makes the process SIGKILL itself the third time it passes
+``after_claim``. The check is one global lookup when no failpoint is set, so the hooks stay in
+the hot path of every turn.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "after_select",
+    "after_claim",
+    "after_effect",
+    "after_outcome",
+    "after_release",
+    "after_commit",
+)
+
+_armed: dict[str, int] | None = None
+
+
+def arm(spec: str | None) -> None:
+    """Arm failpoints from ``name[:nth][,name[:nth]]`` (None or "" disarms)."""
+    global _armed
+    if not spec:
+        _armed = None
+        return
+    armed: dict[str, int] = {}
+    for item in spec.split(","):
+        name, _, nth = item.strip().partition(":")
+        if name not in POINTS:
+            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+        armed[name] = int(nth or 1)
+    _armed = armed
+
+
+def hit(name: str) -> None:
+    if _armed is None:
+        return
+    left = _armed.get(name)
+    if left is None:
+        return
+    if left <= 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _armed[name] = left - 1
+
+
+arm(os.environ.get("STREAMSCHED_FAILPOINT"))

@@ -1,0 +1,141 @@
+"""Stable business identities: a domain-separated, canonical, length-prefixed encoding, hashed.
+
+``sched_<sha256 hex>`` is a pure function of the scheduler's config and the event's logical
+fields, so every process and Python version computes the same value (golden vectors in
+tests/test_identity.py). The digest never reveals tenant or target text. Claim and release
+identities additionally bind the nonzero delivery ordinal so a redelivery can never replay an
+obsolete fence.
+
+Encoding (all integers big-endian)::
+
+    domain tag bytes, then for each field in order:
+        u8 field number, u32 length, value bytes
+    strings are UTF-8; due_ns is u64; target is u8 count then (u32 length, bytes) per component
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+
+from .errors import BoundExceeded, InvalidName
+from .limits import MAX_COMPONENT_BYTES, MAX_TARGET_BYTES, MAX_TARGET_COMPONENTS
+from .names import validate_name
+
+IDENTITY_VERSION = "v1"
+_BUSINESS_DOMAIN = b"streamsched/business-identity/v1\x00"
+_CLAIM_DOMAIN = b"streamsched/claim-identity/v1\x00"
+_RELEASE_DOMAIN = b"streamsched/release-identity/v1\x00"
+_ROUTE_DOMAIN = b"streamsched/route-key/v1\x00"
+_PREFIX = "sched_"
+_U64_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityParts:
+    """Everything a business identity binds. Build one per work item; hash with :func:`business_identity`."""
+
+    scheduler: str
+    topic: str
+    selection: str
+    due_ns: int
+    tenant: str
+    target: tuple[str, ...]
+    attempt_kind: str
+
+
+def _utf8(value: object, what: str, limit: int) -> bytes:
+    if not isinstance(value, str):
+        raise InvalidName(what, "must be a string")
+    try:
+        raw = value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidName(what, "is not valid Unicode text") from None
+    if len(raw) > limit:
+        raise BoundExceeded(f"{what} bytes", limit, len(raw))
+    return raw
+
+
+def _field(number: int, raw: bytes) -> bytes:
+    return struct.pack(">BI", number, len(raw)) + raw
+
+
+def canonical_target(target: tuple[str, ...] | list[str]) -> bytes:
+    """Canonical bytes of the target-key suffix, validated against the SPEC §1 bounds."""
+    if len(target) > MAX_TARGET_COMPONENTS:
+        raise BoundExceeded("target components", MAX_TARGET_COMPONENTS, len(target))
+    out = bytearray(struct.pack(">B", len(target)))
+    for component in target:
+        raw = _utf8(component, "target component", MAX_TARGET_BYTES)
+        out += struct.pack(">I", len(raw)) + raw
+    if len(out) > MAX_TARGET_BYTES:
+        raise BoundExceeded("canonical target bytes", MAX_TARGET_BYTES, len(out))
+    return bytes(out)
+
+
+def canonical_encoding(parts: IdentityParts) -> bytes:
+    """The exact bytes hashed into the business identity (exposed for golden tests)."""
+    validate_name(parts.scheduler, "scheduler")
+    validate_name(parts.topic, "topic")
+    validate_name(parts.selection, "selection")
+    validate_name(parts.attempt_kind, "attempt kind")
+    if not isinstance(parts.due_ns, int) or isinstance(parts.due_ns, bool):
+        raise InvalidName("due_ns", "must be an integer")
+    if not 0 <= parts.due_ns <= _U64_MAX:
+        raise BoundExceeded("due_ns", _U64_MAX if parts.due_ns > 0 else 0, parts.due_ns)
+    return b"".join(
+        (
+            _BUSINESS_DOMAIN,
+            _field(1, IDENTITY_VERSION.encode()),
+            _field(2, parts.scheduler.encode()),
+            _field(3, parts.topic.encode()),
+            _field(4, parts.selection.encode()),
+            _field(5, struct.pack(">Q", parts.due_ns)),
+            _field(6, _utf8(parts.tenant, "tenant", MAX_COMPONENT_BYTES)),
+            _field(7, canonical_target(parts.target)),
+            _field(8, parts.attempt_kind.encode()),
+        )
+    )
+
+
+def business_identity(parts: IdentityParts) -> str:
+    """``sched_<hex>``: stable across redelivery, retries, processes and restarts."""
+    return _PREFIX + hashlib.sha256(canonical_encoding(parts)).hexdigest()
+
+
+def _check_identity(identity: str) -> bytes:
+    if not (isinstance(identity, str) and identity.startswith(_PREFIX) and len(identity) == 70):
+        raise InvalidName("identity", "not a sched_<64 hex> business identity")
+    try:
+        return bytes.fromhex(identity[len(_PREFIX):])
+    except ValueError:
+        raise InvalidName("identity", "not a sched_<64 hex> business identity") from None
+
+
+def _bound_ordinal(domain: bytes, identity: str, ordinal: int) -> str:
+    digest = _check_identity(identity)
+    if not isinstance(ordinal, int) or not 1 <= ordinal <= _U64_MAX:
+        raise BoundExceeded("delivery ordinal", 1, ordinal if isinstance(ordinal, int) else -1)
+    return _PREFIX + hashlib.sha256(domain + digest + struct.pack(">Q", ordinal)).hexdigest()
+
+
+def claim_identity(identity: str, ordinal: int) -> str:
+    """Identity of the claim for one delivery attempt (ordinal >= 1)."""
+    return _bound_ordinal(_CLAIM_DOMAIN, identity, ordinal)
+
+
+def release_identity(identity: str, ordinal: int) -> str:
+    """Identity of the release for one delivery attempt (ordinal >= 1)."""
+    return _bound_ordinal(_RELEASE_DOMAIN, identity, ordinal)
+
+
+def route_key(tenant: str, target: tuple[str, ...] | list[str]) -> bytes:
+    """The Kafka record key a transition must carry.
+
+    Every event of one business identity must land on one partition, or two group members could
+    own it at once; keying by a digest of (tenant, target) guarantees that without putting
+    plaintext tenant data in the key.
+    """
+    raw = _field(1, _utf8(tenant, "tenant", MAX_COMPONENT_BYTES)) + _field(2, canonical_target(target))
+    return hashlib.sha256(_ROUTE_DOMAIN + raw).hexdigest()[:32].encode()

@@ -1,0 +1,43 @@
+"""Bounded counters and the latest redacted error of a worker.
+
+Counter names are a fixed vocabulary chosen by the framework (never derived from data), and
+the latest error is kept as its type and kind only: messages may carry payload fragments.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .errors import StreamschedError
+
+MAX_KEYS = 128
+
+
+class Metrics:
+    __slots__ = ("counters", "gauges", "last_error", "scheduler", "started_ns")
+
+    def __init__(self, scheduler: str) -> None:
+        self.scheduler = scheduler
+        self.counters: dict[str, int] = {}
+        self.gauges: dict[str, float] = {}
+        self.last_error: dict[str, Any] | None = None
+        self.started_ns = time.time_ns()
+
+    def inc(self, name: str, n: int = 1) -> None:
+        if name in self.counters or len(self.counters) < MAX_KEYS:
+            self.counters[name] = self.counters.get(name, 0) + n
+
+    def set_gauge(self, name: str, value: float) -> None:
+        if name in self.gauges or len(self.gauges) < MAX_KEYS:
+            self.gauges[name] = value
+
+    def error(self, exc: BaseException) -> None:
+        kind = exc.kind if isinstance(exc, StreamschedError) else "internal"
+        self.last_error = {"type": type(exc).__name__, "kind": kind, "at_ns": time.time_ns()}
+        self.inc(f"errors_{kind}")
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler, "counters": dict(self.counters),
+                "gauges": dict(self.gauges), "last_error": self.last_error,
+                "started_ns": self.started_ns}

@@ -1,0 +1,144 @@
+"""Helpers shared by the test suite, the demo and the benchmarks (real processes, real Kafka).
+
+Nothing here mocks Kafka: workers run as child processes of ``streamsched run`` so that crash
+tests can SIGKILL / SIGSTOP them, and waiting is always a polled condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .codecs import TransitionEvent, encode_transition, json_dumps
+from .identity import route_key
+from .ops import group_lag
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def wait_for(cond: Callable[[], Awaitable[bool]], *, timeout: float, interval: float = 0.25,
+                   what: str = "condition") -> None:
+    """Poll ``cond`` until it is true; raise TimeoutError naming ``what`` past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await cond():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def wait_drained(bootstrap: str, group: str, topic: str, *, timeout: float = 120.0) -> None:
+    async def drained() -> bool:
+        lag = await group_lag(bootstrap, group, topic)
+        return lag.total == 0 and sum(lag.end.values()) > 0
+
+    await wait_for(drained, timeout=timeout, what=f"group {group} to drain {topic}")
+
+
+def make_event(type_: str, tenant: str, target: Iterable[str], *, due_ns: int = 0,
+               payload: object = None, event_id: str | None = None) -> TransitionEvent:
+    return TransitionEvent(event_id=event_id or uuid.uuid4().hex, type=type_, tenant=tenant,
+                           target=tuple(target), due_ns=due_ns,
+                           payload=json_dumps(payload if payload is not None else {}),
+                           produced_ns=time.time_ns())
+
+
+async def produce_events(bootstrap: str, topic: str, events: Iterable[TransitionEvent],
+                         *, raw: Iterable[tuple[bytes | None, bytes | None]] = ()) -> int:
+    """Produce transition events keyed by their route key (plus optional raw key/value pairs)."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                                linger_ms=5)
+    await producer.start()
+    n = 0
+    try:
+        futures = []
+        for ev in events:
+            futures.append(await producer.send(topic, encode_transition(ev),
+                                               key=route_key(ev.tenant, ev.target)))
+            n += 1
+        for key, value in raw:
+            futures.append(await producer.send(topic, value, key=key))
+            n += 1
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return n
+
+
+class WorkerProcess:
+    """``streamsched run APP`` as a child process, with signals for crash tests."""
+
+    def __init__(self, app_ref: str, bootstrap: str, *, env: dict[str, str] | None = None,
+                 log_path: Path | None = None, scheduler: str | None = None) -> None:
+        self.app_ref = app_ref
+        self.bootstrap = bootstrap
+        self.env = env or {}
+        self.log_path = log_path
+        self.scheduler = scheduler
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        env = dict(os.environ)
+        env.update({"STREAMSCHED_BOOTSTRAP": self.bootstrap,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))})
+        env.update(self.env)
+        cmd = [sys.executable, "-m", "streamsched.cli", "run", self.app_ref]
+        if self.scheduler:
+            cmd += ["--scheduler", self.scheduler]
+        out: Any = subprocess.DEVNULL
+        if self.log_path is not None:
+            out = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        if out is not subprocess.DEVNULL:
+            out.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.wait(30)
+
+    def terminate(self, timeout: float = 30.0) -> int | None:
+        self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def wait(self, timeout: float) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout=10)
+
+    async def wait_exit(self, timeout: float) -> int:
+        async def exited() -> bool:
+            return not self.alive()
+
+        await wait_for(exited, timeout=timeout, interval=0.1, what=f"worker {self.pid} to exit")
+        assert self.proc is not None
+        return int(self.proc.returncode)

@@ -1,0 +1,269 @@
+"""The worker: one consumer-group member for one scheduler, and its partition lifecycle.
+
+Fencing without KIP-447: aiokafka speaks the v0 transaction APIs, so a transactional offset
+commit carries no group generation. Instead every transition partition gets its own
+transactional producer whose ``transactional.id`` is bound to the partition
+(``streamsched.<group>.<topic>.<p>``). A new owner's ``init_transactions`` bumps the producer
+epoch, which aborts the old owner's open transaction and makes every later write *and* offset
+commit of the old owner fail with ``ProducerFenced``. Only after that does the new owner read
+the state partition to its end (read_committed) and resume the partition, so it always sees
+the last fence any owner committed.
+
+The per-partition turn (see :mod:`streamsched.turn`) runs batches of up to ``max_in_flight``
+items: claims in one transaction, commands concurrently, then outcomes + releases + emitted
+events + dead letters + the offset in a second transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .app import SchedulerDef
+from .errors import ConfigError, FencedOut
+from .metrics import Metrics
+from .state import restore
+from .topics import TopicSpec, apply, partition_count
+from .turn import TurnRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Connection and liveness settings of one worker process."""
+
+    bootstrap: str
+    owner: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    max_poll_interval_ms: int = 300_000
+    shutdown_deadline_s: float = 10.0
+    queue_bound: int = 64
+    """Records buffered per partition before intake pauses that partition."""
+    replication: int = 1
+    ensure_topics: bool = True
+
+
+class PartitionRunner:
+    """Owns one assigned partition: its fenced producer, its state and its turn loop."""
+
+    def __init__(self, worker: Worker, partition: int) -> None:
+        self.worker = worker
+        self.partition = partition
+        self.queue: deque[Any] = deque()
+        self.wake = asyncio.Event()
+        self.ready = False
+        self.stopping = False
+        self.failed: BaseException | None = None
+        self.producer: Any = None
+        self.turns: TurnRunner | None = None
+        self.task = asyncio.get_running_loop().create_task(self._main(), name=f"partition-{partition}")
+
+    @property
+    def transactional_id(self) -> str:
+        s = self.worker.scheduler
+        return f"streamsched.{s.group}.{s.topic}.{self.partition}"
+
+    def offer(self, records: list[Any]) -> None:
+        self.queue.extend(records)
+        self.wake.set()
+
+    async def _main(self) -> None:
+        from aiokafka import AIOKafkaProducer
+        from aiokafka.errors import ProducerFenced
+
+        w = self.worker
+        try:
+            self.producer = AIOKafkaProducer(
+                bootstrap_servers=w.config.bootstrap,
+                transactional_id=self.transactional_id,
+                enable_idempotence=True,
+                acks="all",
+                linger_ms=1,
+                max_batch_size=1024 * 1024,
+                max_request_size=2 * 1024 * 1024,
+                request_timeout_ms=30_000,
+                transaction_timeout_ms=60_000,
+                client_id=f"{w.config.owner}-p{self.partition}",
+            )
+            await self.producer.start()  # init_transactions: fences every earlier owner
+            state = await restore(w.config.bootstrap, w.scheduler.state_topic, self.partition)
+            w.metrics.inc("restored_identities", len(state.claims))
+            self.turns = TurnRunner(w.scheduler, self.partition, self.producer, state,
+                                    owner=w.config.owner, metrics=w.metrics)
+            self.ready = True
+            while not self.stopping:
+                if not self.queue:
+                    self.wake.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), w.scheduler.selection_wait_s)
+                    continue
+                n = min(len(self.queue), w.scheduler.max_in_flight)
+                batch = [self.queue.popleft() for _ in range(n)]
+                await self.turns.run_batch(batch)
+        except ProducerFenced:
+            self.failed = FencedOut(w.scheduler.topic, self.partition)
+            w.metrics.inc("fenced")
+            log.warning("fenced out of %s[%d]", w.scheduler.topic, self.partition)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.failed = exc
+            w.metrics.error(exc)
+            log.exception("partition %d failed", self.partition)
+
+    async def stop(self, deadline_s: float) -> None:
+        """Finish the batch in hand within ``deadline_s``, else cancel it; never commit after."""
+        self.stopping = True
+        self.wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), deadline_s)
+        except (asyncio.TimeoutError, Exception):
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+        if self.producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.producer.stop(), 10)
+
+
+class Worker:
+    """Run one scheduler as a group member until ``stop`` is set."""
+
+    def __init__(self, scheduler: SchedulerDef, config: WorkerConfig, metrics: Metrics | None = None) -> None:
+        self.scheduler = scheduler
+        self.config = config
+        self.metrics = metrics or Metrics(scheduler.name)
+        self.runners: dict[int, PartitionRunner] = {}
+        self.consumer: Any = None
+        self.assigned = asyncio.Event()
+
+    async def ensure_topics(self) -> None:
+        """Create the scheduler's state and dead-letter topics, co-partitioned with its topic."""
+        s = self.scheduler
+        n = await partition_count(self.config.bootstrap, s.topic)
+        specs = [
+            TopicSpec(s.state_topic, n, self.config.replication, kind="state"),
+            TopicSpec(s.dead_letter_topic, n, self.config.replication, kind="dead_letter"),
+        ]
+        await apply(self.config.bootstrap, specs)
+        for out in s.outputs:
+            await partition_count(self.config.bootstrap, out)  # must exist: never auto-created
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+
+        if self.config.ensure_topics:
+            await self.ensure_topics()
+        worker = self
+
+        class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                await worker._revoke([tp.partition for tp in revoked if tp.topic == worker.scheduler.topic])
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                worker._assign([tp for tp in assigned if tp.topic == worker.scheduler.topic])
+
+        s = self.scheduler
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.config.bootstrap,
+            group_id=s.group,
+            client_id=self.config.owner,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            session_timeout_ms=self.config.session_timeout_ms,
+            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+            max_poll_interval_ms=self.config.max_poll_interval_ms,
+            rebalance_timeout_ms=max(30_000, int(self.config.shutdown_deadline_s * 1000) + 5_000),
+            max_partition_fetch_bytes=1024 * 1024,
+        )
+        self.consumer.subscribe([s.topic], listener=Listener())
+        await self.consumer.start()
+        try:
+            await self._intake(stop)
+        finally:
+            await self._shutdown()
+
+    def _assign(self, tps: list[Any]) -> None:
+        for tp in tps:
+            self.consumer.pause(tp)
+            if tp.partition not in self.runners:
+                self.runners[tp.partition] = PartitionRunner(self, tp.partition)
+        self.metrics.set_gauge("partitions", len(self.runners))
+        self.assigned.set()
+
+    async def _revoke(self, partitions: list[int]) -> None:
+        runners = [self.runners.pop(p) for p in partitions if p in self.runners]
+        await asyncio.gather(*(r.stop(self.config.shutdown_deadline_s) for r in runners))
+        self.metrics.set_gauge("partitions", len(self.runners))
+
+    async def _intake(self, stop: asyncio.Event) -> None:
+        from aiokafka import TopicPartition
+
+        topic = self.scheduler.topic
+        bound = self.config.queue_bound
+        while not stop.is_set():
+            batch = await self.consumer.getmany(timeout_ms=100, max_records=bound * 4)
+            for tp, records in batch.items():
+                runner = self.runners.get(tp.partition)
+                if runner is not None and not runner.stopping and runner.failed is None:
+                    runner.offer(records)
+            for p, runner in list(self.runners.items()):
+                tp = TopicPartition(topic, p)
+                if runner.task.done() and runner.failed is not None and not isinstance(runner.failed, FencedOut):
+                    await self._restart(p)
+                    continue
+                paused = tp in self.consumer.paused()
+                want_pause = not runner.ready or runner.failed is not None or len(runner.queue) >= bound
+                if want_pause and not paused:
+                    self.consumer.pause(tp)
+                elif not want_pause and paused:
+                    self.consumer.resume(tp)
+
+    async def _restart(self, partition: int) -> None:
+        """Rebuild a partition after a non-fencing failure, from its committed offset."""
+        from aiokafka import TopicPartition
+
+        tp = TopicPartition(self.scheduler.topic, partition)
+        old = self.runners.pop(partition)
+        await old.stop(1.0)
+        self.metrics.inc("partition_restarts")
+        await asyncio.sleep(1.0)
+        committed = await self.consumer.committed(tp)
+        if tp not in self.consumer.assignment():
+            return
+        self.consumer.pause(tp)
+        if committed is None:
+            await self.consumer.seek_to_committed(tp)
+        else:
+            self.consumer.seek(tp, committed)
+        self.runners[partition] = PartitionRunner(self, partition)
+
+    async def _shutdown(self) -> None:
+        runners = list(self.runners.values())
+        self.runners.clear()
+        for r in runners:
+            r.stopping = True
+        await asyncio.gather(*(r.stop(self.config.shutdown_deadline_s) for r in runners))
+        with contextlib.suppress(Exception):
+            await self.consumer.stop()  # leaves the group: the partitions move at once
+
+
+def worker_config_from_env(bootstrap: str | None = None, **overrides: Any) -> WorkerConfig:
+    bs = bootstrap or os.environ.get("STREAMSCHED_BOOTSTRAP")
+    if not bs:
+        raise ConfigError("no bootstrap servers: pass --bootstrap or set STREAMSCHED_BOOTSTRAP")
+    for key, env in (("session_timeout_ms", "STREAMSCHED_SESSION_TIMEOUT_MS"),
+                     ("heartbeat_interval_ms", "STREAMSCHED_HEARTBEAT_MS")):
+        if env in os.environ and key not in overrides:
+            overrides[key] = int(os.environ[env])
+    return WorkerConfig(bootstrap=bs, **overrides)
