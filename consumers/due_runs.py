@@ -16,8 +16,11 @@ from functools import cache
 from consumers.ledger import Ledger
 from streamsched import App, CommandContext, Selection, Turn, external_command
 
-TOPIC = "runs.transitions"
+NAMESPACE = os.environ.get("STREAMSCHED_NAMESPACE", "")
+"""Suffix for topic and scheduler names so several instances can share one cluster."""
+TOPIC = "runs.transitions" + NAMESPACE
 app = App("due_runs")
+NAME = "due_runs" + NAMESPACE
 
 
 @cache
@@ -32,6 +35,7 @@ async def complete_run(ctx: CommandContext, *, run_id: str) -> bool:
 
 
 @app.scheduler(
+    name=NAME,
     topic=TOPIC,
     selection=Selection("due", type="due"),
     commands=[complete_run],

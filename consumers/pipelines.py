@@ -14,9 +14,12 @@ import os
 
 from streamsched import App, CommandContext, Emit, Selection, Turn, kafka_command
 
-TOPIC = "pipelines.transitions"
-EVENTS = "pipelines.events"
+NAMESPACE = os.environ.get("STREAMSCHED_NAMESPACE", "")
+"""Suffix for topic and scheduler names so several instances can share one cluster."""
+TOPIC = "pipelines.transitions" + NAMESPACE
+EVENTS = "pipelines.events" + NAMESPACE
 app = App("pipelines")
+NAME = "pipelines" + NAMESPACE
 
 
 @kafka_command(outputs=[EVENTS])
@@ -27,6 +30,7 @@ def start_pipeline(ctx: CommandContext, *, pipeline: str) -> list[Emit]:
 
 
 @app.scheduler(
+    name=NAME,
     topic=TOPIC,
     selection=Selection("queued", type="queued"),
     commands=[start_pipeline],

@@ -67,7 +67,9 @@ class ClaimState:
     outcome: Outcome | None = None
 
     def lease_active(self, now_ns: int) -> bool:
-        return self.status is ClaimStatus.CLAIMED and now_ns < self.lease_expires_ns
+        """True while an owner holds the identity (claimed, or outcome stored but not released)."""
+        held = self.status in (ClaimStatus.CLAIMED, ClaimStatus.OUTCOME_STORED)
+        return held and now_ns < self.lease_expires_ns
 
     def _guard_revision(self, expected_revision: int) -> None:
         if expected_revision != self.revision:
@@ -89,6 +91,8 @@ class ClaimState:
         self._guard_revision(expected_revision)
         if not owner:
             raise IllegalTransition(self.identity, self.status.value, "acquire without an owner")
+        if duration_ns <= 0 or now_ns < 0:
+            raise IllegalTransition(self.identity, self.status.value, "acquire with a non-positive lease")
         if self.lease_active(now_ns) and self.owner != owner:
             raise LeaseHeld(self.identity, self.owner, self.lease_expires_ns)
         if self.fence >= _MAX_COUNTER or self.ordinal >= _MAX_COUNTER:

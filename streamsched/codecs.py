@@ -496,17 +496,18 @@ def _json_parse(data: object) -> object:
 
 
 def _json_depth_exceeds(root: dict[str, Any] | list[Any], limit: int) -> bool:
-    # Iterative so a deep document cannot exhaust the Python stack.
-    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        for child in children:
-            if isinstance(child, dict | list):
-                stack.append((child, depth + 1))
-    return False
+    # Level by level rather than recursively, so a deep document cannot exhaust the Python
+    # stack; orjson only produces exact dicts and lists, so class identity suffices.
+    level: list[Any] = [root]
+    for _ in range(limit):
+        deeper: list[Any] = []
+        for node in level:
+            children = node.values() if node.__class__ is dict else node
+            deeper.extend([c for c in children if c.__class__ is dict or c.__class__ is list])
+        if not deeper:
+            return False
+        level = deeper
+    return True
 
 
 def json_loads(data: bytes | str) -> object:

@@ -8,14 +8,20 @@ obsolete fence.
 
 Encoding (all integers big-endian)::
 
-    domain tag bytes, then for each field in order:
+    b"streamsched/business-identity/v1\x00", then for each field in order:
         u8 field number, u32 length, value bytes
-    strings are UTF-8; due_ns is u64; target is u8 count then (u32 length, bytes) per component
+    fields: 1 version "v1", 2 scheduler, 3 topic, 4 selection, 5 due_ns (u64),
+            6 tenant, 7 canonical target, 8 attempt kind
+    strings are UTF-8; target is u8 count then (u32 length, bytes) per component
+
+    claim / release identity = sha256(b"streamsched/claim-identity/v1\x00" (or release-)
+                                      + 32-byte business digest + u64 ordinal)
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from dataclasses import dataclass
 
@@ -30,6 +36,7 @@ _RELEASE_DOMAIN = b"streamsched/release-identity/v1\x00"
 _ROUTE_DOMAIN = b"streamsched/route-key/v1\x00"
 _PREFIX = "sched_"
 _U64_MAX = 2**64 - 1
+_IDENTITY = re.compile(r"sched_[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,9 @@ def _field(number: int, raw: bytes) -> bytes:
 
 def canonical_target(target: tuple[str, ...] | list[str]) -> bytes:
     """Canonical bytes of the target-key suffix, validated against the SPEC §1 bounds."""
+    if not isinstance(target, (tuple, list)):
+        # A bare string would iterate into characters and collide with a tuple of them.
+        raise InvalidName("target", "must be a tuple or list of strings")
     if len(target) > MAX_TARGET_COMPONENTS:
         raise BoundExceeded("target components", MAX_TARGET_COMPONENTS, len(target))
     out = bytearray(struct.pack(">B", len(target)))
@@ -105,18 +115,17 @@ def business_identity(parts: IdentityParts) -> str:
 
 
 def _check_identity(identity: str) -> bytes:
-    if not (isinstance(identity, str) and identity.startswith(_PREFIX) and len(identity) == 70):
-        raise InvalidName("identity", "not a sched_<64 hex> business identity")
-    try:
-        return bytes.fromhex(identity[len(_PREFIX):])
-    except ValueError:
-        raise InvalidName("identity", "not a sched_<64 hex> business identity") from None
+    if not (isinstance(identity, str) and _IDENTITY.fullmatch(identity)):
+        raise InvalidName("identity", "not a sched_<64 lower-case hex> business identity")
+    return bytes.fromhex(identity[len(_PREFIX):])
 
 
 def _bound_ordinal(domain: bytes, identity: str, ordinal: int) -> str:
     digest = _check_identity(identity)
-    if not isinstance(ordinal, int) or not 1 <= ordinal <= _U64_MAX:
-        raise BoundExceeded("delivery ordinal", 1, ordinal if isinstance(ordinal, int) else -1)
+    if not isinstance(ordinal, int) or isinstance(ordinal, bool):
+        raise InvalidName("delivery ordinal", "must be an integer")
+    if not 1 <= ordinal <= _U64_MAX:
+        raise BoundExceeded("delivery ordinal", _U64_MAX if ordinal > 1 else 1, ordinal)
     return _PREFIX + hashlib.sha256(domain + digest + struct.pack(">Q", ordinal)).hexdigest()
 
 

@@ -78,6 +78,7 @@ _CALENDAR_UNITS = frozenset(
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_SECOND = timedelta(seconds=1)
 _ONE_DAY = timedelta(days=1)
+_ONE_HOUR = timedelta(hours=1)
 
 
 def _check_limit(limit: int) -> None:
@@ -328,6 +329,41 @@ def _load_zone(key: object) -> ZoneInfo:
         raise InvalidSpec(f"unknown timezone {_short(key)}") from None
 
 
+class _Window:
+    """Counts distinct boundaries in ``[first, last]`` fed in non-decreasing order.
+
+    Resolution is monotone in wall time but not injective (a gap collapses onto its transition,
+    possibly across a day boundary), so equal consecutive instants are counted once.
+    """
+
+    __slots__ = ("count", "first", "last", "previous")
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first = first
+        self.last = last
+        self.count = 0
+        self.previous: int | None = None
+
+    def add(self, instant: int) -> None:
+        if self.first <= instant <= self.last and instant != self.previous:
+            self.count += 1
+            self.previous = instant
+
+    def add_grid(self, base_s: int, hours: tuple[int, ...], minutes: tuple[int, ...]) -> None:
+        """Add ``base_s + 3600 h + 60 m`` (seconds) for all ``h``, ``m``: a stretch without transitions."""
+        low = (base_s + 3600 * hours[0] + 60 * minutes[0]) * NS_PER_S
+        high = (base_s + 3600 * hours[-1] + 60 * minutes[-1]) * NS_PER_S
+        if high < self.first or low > self.last:
+            return
+        if self.first <= low and high <= self.last:
+            self.count += len(hours) * len(minutes) - (1 if low == self.previous else 0)
+            self.previous = high
+            return
+        for hour in hours:
+            for minute in minutes:
+                self.add((base_s + 3600 * hour + 60 * minute) * NS_PER_S)
+
+
 def _epoch_s(aware: datetime) -> int:
     return (aware - _EPOCH) // _ONE_SECOND
 
@@ -342,6 +378,7 @@ class Cron:
     timezone: str = "UTC"
     _fields: _CronFields = field(init=False, repr=False, compare=False)
     _tz: ZoneInfo = field(init=False, repr=False, compare=False)
+    _gap_memo: list[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.expr, str):
@@ -352,6 +389,7 @@ class Cron:
         object.__setattr__(self, "expr", " ".join(self.expr.split()).lower())
         object.__setattr__(self, "_fields", _parse_cron(self.expr))
         object.__setattr__(self, "_tz", _load_zone(self.timezone))
+        object.__setattr__(self, "_gap_memo", [MIN_BOUNDARY_NS // NS_PER_S - 1])
 
     # -- wall clock <-> instants -------------------------------------------------------------------
 
@@ -370,6 +408,11 @@ class Cron:
             return first
         # PEP 495 gap: fold=0 uses the offset before the transition, so the transition instant lies
         # in (second, first]; find it exactly by bisection on whole seconds.
+        # Walking a gap minute by minute asks for the same transition repeatedly; a window this
+        # narrow (the gap's length) holds one transition, so a remembered one inside it is it.
+        remembered = self._gap_memo[0]
+        if second < remembered <= first:
+            return remembered
         low, high = second, first
         after = self._offset(high)
         while high - low > 1:
@@ -378,6 +421,7 @@ class Cron:
                 high = mid
             else:
                 low = mid
+        self._gap_memo[0] = high
         return high
 
     def _iter_after(self, t_ns: int) -> Iterator[int]:
@@ -426,9 +470,10 @@ class Cron:
     def count_between(self, after_ns: int, until_ns: int) -> int:
         """Number of boundaries in ``(after_ns, until_ns]``.
 
-        Cost is proportional to the number of *days* in the window, not the number of boundaries:
-        a day that lasts exactly 24 h contributes ``len(hours) * len(minutes)`` without resolving
-        each wall time; only days with a transition (or at the window's edges) are walked exactly.
+        Cost is proportional to the number of matching *days* in the window, not to the number of
+        boundaries: a day (or, on a transition day, an hour) whose wall clock runs without a
+        transition is counted arithmetically; only the hours containing a transition resolve each
+        wall time. Exact unless one calendar day holds two transitions that cancel out.
         """
         first = self.next_after(after_ns)
         if first is None or first > until_ns:
@@ -436,38 +481,39 @@ class Cron:
         last = self.latest_at_or_before(until_ns)
         assert last is not None and last >= first
         fields = self._fields
-        per_day = len(fields.hours) * len(fields.minutes)
+        # One day of margin either side: gap wall times can resolve onto a neighbouring date.
         start_day = self._wall(first // NS_PER_S).date() - _ONE_DAY
         end_day = self._wall(last // NS_PER_S).date() + _ONE_DAY
-        count = 0
-        previous: int | None = None
+        window = _Window(first, last)
+        # The next midnight's resolution is reused when consecutive days match (most schedules).
+        cached_day: date | None = None
+        cached_start = 0
         for day in fields.days_forward(start_day):
             if day > end_day:
                 break
-            first_wall = datetime(day.year, day.month, day.day, fields.hours[0], fields.minutes[0])
-            last_wall = datetime(day.year, day.month, day.day, fields.hours[-1], fields.minutes[-1])
-            day_first = self._resolve(first_wall) * NS_PER_S
-            day_last = self._resolve(last_wall) * NS_PER_S
-            if day_last < first:
-                continue
-            if day_first > last:
-                break
             midnight = datetime(day.year, day.month, day.day)
-            regular = self._resolve(midnight + _ONE_DAY) - self._resolve(midnight) == 86400
-            if regular and first <= day_first and day_last <= last:
-                # A gap collapsing onto the transition can make this day's first boundary equal to
-                # the previous day's last one; resolution is monotone, so that is the only overlap.
-                count += per_day - (1 if day_first == previous else 0)
-                previous = day_last
+            day_start = cached_start if day == cached_day else self._resolve(midnight)
+            if day_start * NS_PER_S > last:
+                break
+            next_midnight = midnight + _ONE_DAY
+            # 24 real hours after midnight it is midnight again iff no transition happened that day
+            # (one astimezone instead of resolving both fold variants).
+            probe = self._wall(day_start + 86400)
+            regular = probe.fold == 0 and probe.replace(tzinfo=None) == next_midnight
+            cached_day = day + _ONE_DAY
+            cached_start = day_start + 86400 if regular else self._resolve(next_midnight)
+            if regular:
+                window.add_grid(day_start, fields.hours, fields.minutes)
                 continue
             for hour in fields.hours:
+                hour_wall = midnight.replace(hour=hour)
+                hour_start = self._resolve(hour_wall)
+                if self._resolve(hour_wall + _ONE_HOUR) - hour_start == 3600:
+                    window.add_grid(hour_start, (0,), fields.minutes)
+                    continue
                 for minute in fields.minutes:
-                    wall = datetime(day.year, day.month, day.day, hour, minute)
-                    instant = self._resolve(wall) * NS_PER_S
-                    if first <= instant <= last and instant != previous:
-                        count += 1
-                        previous = instant
-        return count
+                    window.add(self._resolve(hour_wall.replace(minute=minute)) * NS_PER_S)
+        return window.count
 
     def boundaries(self, after_ns: int, until_ns: int, limit: int) -> list[int]:
         """Boundaries in ``(after_ns, until_ns]`` in order, at most ``limit`` of them."""

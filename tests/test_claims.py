@@ -250,12 +250,6 @@ def test_from_record_accepts_missing_error_kind_and_bytearray_digest() -> None:
     assert s.outcome is not None and s.outcome.error_kind is None and s.outcome.digest == b"\x01\x02"
 
 
-# --- documented finding (see report): strict xfail flips to failure once fixed ------------------
-
-
-@pytest.mark.xfail(strict=True, reason="BUG: lease_active() is only true in CLAIMED, so after "
-                   "store_outcome another owner can take over an unexpired lease before the "
-                   "holder releases (LeaseHeld not raised in OUTCOME_STORED)")
 def test_lease_held_in_outcome_stored() -> None:
     s = stored()  # owner A, lease until LEASE
     with pytest.raises(LeaseHeld):
@@ -304,9 +298,9 @@ class ClaimMachine(RuleBasedStateMachine):
         return ei.value
 
     def _expected_acquire_error(self, s: ClaimState, owner: str) -> type[ClaimError] | None:
-        # Mirrors current behaviour: only a CLAIMED lease is honoured. An OUTCOME_STORED lease is
-        # not (see test_lease_held_in_outcome_stored); extend this when that is fixed.
-        if s.status is ClaimStatus.CLAIMED and self.now < s.lease_expires_ns and s.owner != owner:
+        # A lease is honoured until release, whether or not the outcome is stored yet.
+        held = s.status in (ClaimStatus.CLAIMED, ClaimStatus.OUTCOME_STORED)
+        if held and self.now < s.lease_expires_ns and s.owner != owner:
             return LeaseHeld
         return None
 

@@ -398,18 +398,11 @@ def test_identity_matches_in_subprocess_with_random_hash_seed() -> None:
     assert [r[0] for r in remote[: len(GOLDEN)]] == [e for _, _, e in GOLDEN]
 
 
-# --- documented findings (see report): strict xfails flip to failures once fixed ----------------
-
-
-@pytest.mark.xfail(strict=True, reason="BUG: a str target is iterated per character, so target='xy' "
-                   "silently collides with target=('x', 'y')")
 def test_string_target_is_rejected() -> None:
     with pytest.raises(InvalidName):
         business_identity(dataclasses.replace(BASE, target="xy"))  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _check_identity uses bytes.fromhex, which accepts "
-                   "upper-case hex and embedded whitespace, so non-canonical identities are accepted")
 @pytest.mark.parametrize("mangle", ["upper", "whitespace"])
 def test_non_canonical_identity_rejected(mangle: str) -> None:
     base = business_identity(BASE)

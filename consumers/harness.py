@@ -1,0 +1,186 @@
+"""Drive and audit the reference workflows on a real cluster (used by the demo and crash tests).
+
+Audits read Kafka with read_committed and the SQLite ledger, never worker memory: what counts
+is what a downstream reader would see.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamsched.claims import ClaimState, ClaimStatus
+from streamsched.codecs import TransitionEvent, decode_transition, json_loads
+from streamsched.identity import IdentityParts, business_identity
+from streamsched.names import internal_topic
+from streamsched.ops import group_lag, read_topic
+from streamsched.state import CLAIM_CODEC
+from streamsched.testing import make_event, produce_events
+from streamsched.topics import TopicSpec, apply
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """One reference workflow under a namespace suffix (see consumers/*.py)."""
+
+    kind: str  # "due_runs" | "pipelines"
+    namespace: str
+    ledger: Path
+
+    @property
+    def app_ref(self) -> str:
+        return f"consumers.{self.kind}:app"
+
+    @property
+    def name(self) -> str:
+        return self.kind + self.namespace
+
+    @property
+    def topic(self) -> str:
+        base = "runs.transitions" if self.kind == "due_runs" else "pipelines.transitions"
+        return base + self.namespace
+
+    @property
+    def events_topic(self) -> str:
+        return "pipelines.events" + self.namespace
+
+    @property
+    def group(self) -> str:
+        return f"streamsched.{self.name}"
+
+    @property
+    def state_topic(self) -> str:
+        return internal_topic("state", self.name)
+
+    @property
+    def event_type(self) -> str:
+        return "due" if self.kind == "due_runs" else "queued"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"STREAMSCHED_NAMESPACE": self.namespace, "STREAMSCHED_LEDGER": str(self.ledger)}
+
+    def identity(self, ev: TransitionEvent) -> str:
+        selection, kind = ("due", "complete_run") if self.kind == "due_runs" else ("queued", "start_pipeline")
+        return business_identity(IdentityParts(
+            scheduler=self.name, topic=self.topic, selection=selection, due_ns=ev.due_ns,
+            tenant=ev.tenant, target=ev.target, attempt_kind=kind))
+
+
+async def create_topics(bootstrap: str, wf: Workflow, partitions: int) -> None:
+    specs = [TopicSpec(wf.topic, partitions)]
+    if wf.kind == "pipelines":
+        specs.append(TopicSpec(wf.events_topic, 2, kind="output"))
+    await apply(bootstrap, specs)
+
+
+def build_events(wf: Workflow, unique: int, duplicates: int, *, noise: int = 0,
+                 seed: int = 7) -> list[TransitionEvent]:
+    """``unique`` identities, ``duplicates`` extra copies spread at random, plus ``noise`` events of
+    another type that the selection must ignore."""
+    rng = random.Random(seed)
+    base = [make_event(wf.event_type, f"tenant-{i % 5}", [f"{wf.kind}-{i}"], due_ns=1_700_000_000 * 10**9 + i)
+            for i in range(unique)]
+    events = list(base)
+    for _ in range(duplicates):
+        src = rng.choice(base)
+        events.insert(rng.randrange(len(events) + 1),
+                      make_event(src.type, src.tenant, src.target, due_ns=src.due_ns))
+    for i in range(noise):
+        events.insert(rng.randrange(len(events) + 1),
+                      make_event("noise", "tenant-0", [f"noise-{i}"]))
+    return events
+
+
+async def produce(bootstrap: str, wf: Workflow, events: list[TransitionEvent]) -> None:
+    await produce_events(bootstrap, wf.topic, events)
+
+
+async def effects(bootstrap: str, wf: Workflow) -> Counter[str]:
+    """Business effects per identity, as the outside world sees them."""
+    if wf.kind == "due_runs":
+        from consumers.ledger import Ledger
+
+        if not wf.ledger.exists():
+            return Counter()
+        return Counter(key for key, _, _ in Ledger(wf.ledger).effects())
+    out: Counter[str] = Counter()
+    for rec in await read_topic(bootstrap, wf.events_topic, read_committed=True):
+        doc = json_loads(rec.value)
+        assert isinstance(doc, dict)
+        out[str(doc["idempotency_key"])] += 1
+    return out
+
+
+async def claim_history(bootstrap: str, wf: Workflow) -> dict[str, list[ClaimState]]:
+    """Every committed claim snapshot per identity, in log order."""
+    history: dict[str, list[ClaimState]] = defaultdict(list)
+    for rec in await read_topic(bootstrap, wf.state_topic, read_committed=True):
+        st = ClaimState.from_record(CLAIM_CODEC.decode(rec.value))
+        history[st.identity].append(st)
+    return history
+
+
+def fences_strictly_increase(history: dict[str, list[ClaimState]]) -> bool:
+    for states in history.values():
+        fences = [s.fence for s in states if s.status is ClaimStatus.CLAIMED]
+        if any(b <= a for a, b in zip(fences, fences[1:], strict=False)):
+            return False
+    return True
+
+
+async def unresolved_below_commit(bootstrap: str, wf: Workflow) -> list[tuple[int, int]]:
+    """(partition, offset) of selected events below the committed offset whose outcome is not
+    stored: must always be empty, at any moment, even right after a crash."""
+    lag = await group_lag(bootstrap, wf.group, wf.topic)
+    history = await claim_history(bootstrap, wf)
+    with_outcome = {i for i, states in history.items() if any(s.outcome is not None for s in states)}
+    bad = []
+    for rec in await read_topic(bootstrap, wf.topic, read_committed=True):
+        if rec.offset >= lag.committed.get(rec.partition, 0):
+            continue
+        ev = decode_transition(rec.value)
+        if ev.type == wf.event_type and wf.identity(ev) not in with_outcome:
+            bad.append((rec.partition, rec.offset))
+    return bad
+
+
+@dataclass(frozen=True)
+class Audit:
+    events: int
+    selected: int
+    unique: int
+    effects: int
+    duplicates_suppressed: int
+    identities_with_one_effect: int
+    extra_effects: int
+    missing: int
+    fences_ok: bool
+    all_released: bool
+
+    @property
+    def ok(self) -> bool:
+        return (self.effects == self.unique == self.identities_with_one_effect and self.missing == 0
+                and self.extra_effects == 0 and self.fences_ok and self.all_released)
+
+
+async def audit(bootstrap: str, wf: Workflow, events: list[TransitionEvent]) -> Audit:
+    selected = [ev for ev in events if ev.type == wf.event_type]
+    expected = {wf.identity(ev) for ev in selected}
+    seen = await effects(bootstrap, wf)
+    history = await claim_history(bootstrap, wf)
+    released = all(history.get(i) and history[i][-1].status is ClaimStatus.RELEASED
+                   and history[i][-1].outcome is not None for i in expected)
+    total = sum(seen[i] for i in expected)
+    return Audit(
+        events=len(events), selected=len(selected), unique=len(expected), effects=total,
+        duplicates_suppressed=len(selected) - total,
+        identities_with_one_effect=sum(1 for i in expected if seen[i] == 1),
+        extra_effects=sum(max(0, seen[i] - 1) for i in expected) + sum(
+            c for i, c in seen.items() if i not in expected),
+        missing=sum(1 for i in expected if seen[i] == 0),
+        fences_ok=fences_strictly_increase(history),
+        all_released=bool(released),
+    )

@@ -1,0 +1,58 @@
+"""Crash matrix: SIGKILL a real worker at every failpoint, for both reference workflows.
+
+Each case: produce events with duplicates, run a worker armed to SIGKILL itself at the second
+pass of a failpoint, audit that the committed offset is not ahead of stored outcomes, restart a
+clean worker, and audit: every event resolved, exactly one effect per identity, fences strictly
+increasing per identity.
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+
+from consumers.harness import Workflow, audit, build_events, create_topics, produce, unresolved_below_commit
+from streamsched.failpoints import POINTS
+from streamsched.testing import WorkerProcess, wait_drained
+
+pytestmark = [pytest.mark.kafka, pytest.mark.crash]
+
+WORKER_ENV = {
+    "STREAMSCHED_CLAIM_DURATION_S": "5",
+    "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
+    "STREAMSCHED_HEARTBEAT_MS": "500",
+}
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("kind", ["due_runs", "pipelines"])
+async def test_crash_at_failpoint(bootstrap: str, tmp_path: Path, kind: str, point: str) -> None:
+    wf = Workflow(kind, f".crash-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.sqlite3")
+    await create_topics(bootstrap, wf, partitions=2)
+    events = build_events(wf, unique=24, duplicates=16, noise=4)
+    await produce(bootstrap, wf, events)
+
+    env = {**WORKER_ENV, **wf.env}
+    doomed = WorkerProcess(wf.app_ref, bootstrap, env={**env, "STREAMSCHED_FAILPOINT": f"{point}:2"},
+                           log_path=tmp_path / "doomed.log").start()
+    code = await doomed.wait_exit(timeout=90)
+    assert code == -signal.SIGKILL, f"worker did not die at {point} (exit {code})"
+
+    assert await unresolved_below_commit(bootstrap, wf) == [], "offset committed ahead of outcomes"
+
+    survivor = WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=tmp_path / "survivor.log").start()
+    try:
+        await wait_drained(bootstrap, wf.group, wf.topic, timeout=120)
+    finally:
+        assert survivor.terminate() == 0
+
+    result = await audit(bootstrap, wf, events)
+    assert result.missing == 0, result
+    assert result.extra_effects == 0, result
+    assert result.effects == result.unique == 24, result
+    assert result.fences_ok, result
+    assert result.all_released, result
+    assert await unresolved_below_commit(bootstrap, wf) == []
