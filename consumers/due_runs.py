@@ -20,6 +20,7 @@ NAMESPACE = os.environ.get("STREAMSCHED_NAMESPACE", "")
 """Suffix for topic and scheduler names so several instances can share one cluster."""
 TOPIC = "runs.transitions" + NAMESPACE
 app = App("due_runs")
+LATENCY_S = float(os.environ.get("STREAMSCHED_LEDGER_LATENCY_S", "0"))
 NAME = "due_runs" + NAMESPACE
 
 
@@ -31,6 +32,8 @@ def ledger() -> Ledger:
 @external_command()
 async def complete_run(ctx: CommandContext, *, run_id: str) -> bool:
     """Complete one run in the ledger, idempotent on ``ctx.idempotency_key``, fenced by ``ctx.fence``."""
+    if LATENCY_S:
+        await asyncio.sleep(LATENCY_S)  # an external system's latency (the zombie test pauses here)
     return await asyncio.to_thread(ledger().complete, ctx.idempotency_key, ctx.fence, run_id)
 
 

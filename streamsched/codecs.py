@@ -51,6 +51,7 @@ __all__ = [
     "MAX_EVENT_TYPE_LENGTH",
     "SCHEMA_IDS",
     "AvroCodec",
+    "Buffer",
     "TransitionEvent",
     "decode_transition",
     "encode_transition",
@@ -95,6 +96,9 @@ _ARRAY_BOUNDS: Final[Mapping[str, tuple[tuple[str, int, str], ...]]] = {
 
 MAX_EVENT_TYPE_LENGTH: Final = 64
 """Longest transition ``type`` (characters)."""
+
+Buffer = bytes | bytearray | memoryview
+"""What the decoders accept (Kafka clients hand out ``bytes``)."""
 
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
@@ -389,7 +393,7 @@ class AvroCodec:
             return "invalid avro"
         return buf.getvalue()
 
-    def decode(self, data: bytes) -> dict[str, Any]:
+    def decode(self, data: Buffer) -> dict[str, Any]:
         """Decode wire bytes into a record dict; raises only :class:`DecodeError`.
 
         Reasons: ``"not bytes"``, ``"oversize"``, ``"truncated"``, ``"bad magic"``,
@@ -510,7 +514,7 @@ def _json_depth_exceeds(root: dict[str, Any] | list[Any], limit: int) -> bool:
     return True
 
 
-def json_loads(data: bytes | str) -> object:
+def json_loads(data: Buffer | str) -> object:
     """Parse a JSON document; raises only :class:`DecodeError`.
 
     Bounds: at most ``MAX_PAYLOAD_BYTES`` of UTF-8 and ``MAX_JSON_DEPTH`` nested containers.
@@ -608,7 +612,7 @@ def encode_transition(ev: TransitionEvent) -> bytes:
     return data
 
 
-def decode_transition(data: bytes) -> TransitionEvent:
+def decode_transition(data: Buffer) -> TransitionEvent:
     """Decode and bound-check a transition event; raises only :class:`DecodeError`.
 
     Besides the :meth:`AvroCodec.decode` reasons: ``"bound: <field>"`` for a field outside

@@ -7,15 +7,17 @@ the latest error is kept as its type and kind only: messages may carry payload f
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 from .errors import StreamschedError
 
 MAX_KEYS = 128
+MAX_SAMPLES = 4096
 
 
 class Metrics:
-    __slots__ = ("counters", "gauges", "last_error", "scheduler", "started_ns")
+    __slots__ = ("counters", "gauges", "last_error", "samples", "scheduler", "started_ns")
 
     def __init__(self, scheduler: str) -> None:
         self.scheduler = scheduler
@@ -23,6 +25,7 @@ class Metrics:
         self.gauges: dict[str, float] = {}
         self.last_error: dict[str, Any] | None = None
         self.started_ns = time.time_ns()
+        self.samples: dict[str, deque[float]] = {}
 
     def inc(self, name: str, n: int = 1) -> None:
         if name in self.counters or len(self.counters) < MAX_KEYS:
@@ -31,6 +34,22 @@ class Metrics:
     def set_gauge(self, name: str, value: float) -> None:
         if name in self.gauges or len(self.gauges) < MAX_KEYS:
             self.gauges[name] = value
+
+    def observe(self, name: str, value: float) -> None:
+        """Keep the latest MAX_SAMPLES observations of ``name`` (for percentiles)."""
+        ring = self.samples.get(name)
+        if ring is None:
+            if len(self.samples) >= MAX_KEYS:
+                return
+            ring = self.samples[name] = deque(maxlen=MAX_SAMPLES)
+        ring.append(value)
+
+    def percentile(self, name: str, q: float) -> float | None:
+        ring = self.samples.get(name)
+        if not ring:
+            return None
+        ordered = sorted(ring)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     def error(self, exc: BaseException) -> None:
         kind = exc.kind if isinstance(exc, StreamschedError) else "internal"

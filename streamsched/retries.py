@@ -40,7 +40,10 @@ class Terminal(StreamschedError):
 
 
 def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool):
+        return False
+    # Ints are always finite; math.isfinite would overflow converting a huge one to float.
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,9 @@ from . import limits
 from .errors import BoundExceeded, ConfigError, InvalidSpec
 
 __all__ = [
+    "MAX_BOUNDARY_NS",
+    "MIN_BOUNDARY_NS",
+    "NS_PER_S",
     "At",
     "CatchUpPlan",
     "Cron",
@@ -407,9 +410,9 @@ class Cron:
             # Unambiguous (equal) or repeated: fold=0 is the first occurrence.
             return first
         # PEP 495 gap: fold=0 uses the offset before the transition, so the transition instant lies
-        # in (second, first]; find it exactly by bisection on whole seconds.
-        # Walking a gap minute by minute asks for the same transition repeatedly; a window this
-        # narrow (the gap's length) holds one transition, so a remembered one inside it is it.
+        # in (second, first]; find it exactly by bisection on whole seconds. Walking a gap minute by
+        # minute asks for the same transition repeatedly, and a window as narrow as the gap holds
+        # only one transition, so a remembered transition inside it is the answer.
         remembered = self._gap_memo[0]
         if second < remembered <= first:
             return remembered
@@ -539,6 +542,7 @@ Spec: TypeAlias = Every | At | Cron
 # parsing
 
 _INTERVAL = re.compile(r"([0-9]+)([A-Za-z]+)", re.ASCII)
+_COMPOUND_INTERVAL = re.compile(r"(?:[0-9]+[A-Za-z]+){2,}", re.ASCII)
 _RFC3339 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
     r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))?",
@@ -555,6 +559,8 @@ def _parse_interval(token: str) -> int:
             raise InvalidSpec("interval count must be a whole number, e.g. 90s instead of 1.5m")
         if token.isdigit():
             raise InvalidSpec("interval has no unit (use s, m, h, d or w)")
+        if _COMPOUND_INTERVAL.fullmatch(token):
+            raise InvalidSpec("compound intervals are not supported, use one unit (e.g. 90m for 1h30m)")
         raise InvalidSpec(f"interval {_short(token)} must look like <n><unit>, e.g. 30s, 5m, 1h")
     digits, unit = match.groups()
     if unit in _CALENDAR_UNITS:

@@ -100,15 +100,20 @@ class PartitionRunner:
             self.turns = TurnRunner(w.scheduler, self.partition, self.producer, state,
                                     owner=w.config.owner, metrics=w.metrics)
             self.ready = True
+            turns = self.turns
             while not self.stopping:
                 if not self.queue:
+                    if not turns.idle:
+                        await turns.step(None, flush_offsets=True)
+                        continue
                     self.wake.clear()
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self.wake.wait(), w.scheduler.selection_wait_s)
                     continue
                 n = min(len(self.queue), w.scheduler.max_in_flight)
-                batch = [self.queue.popleft() for _ in range(n)]
-                await self.turns.run_batch(batch)
+                batch = turns.prepare([self.queue.popleft() for _ in range(n)])
+                await turns.step(batch)
+            await turns.drain()
         except ProducerFenced:
             self.failed = FencedOut(w.scheduler.topic, self.partition)
             w.metrics.inc("fenced")
