@@ -36,13 +36,11 @@ import orjson
 
 from .errors import ConfigError, DecodeError
 from .limits import (
-    MAX_COMPONENT_BYTES,
     MAX_DEAD_LETTER_BYTES,
     MAX_EVENT_ID_LENGTH,
     MAX_JSON_DEPTH,
     MAX_PAYLOAD_BYTES,
     MAX_RECORD_BYTES,
-    MAX_TARGET_BYTES,
     MAX_TARGET_COMPONENTS,
 )
 
@@ -568,28 +566,16 @@ class TransitionEvent:
         }
 
 
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
-
-
 def _transition_problem(ev: TransitionEvent) -> str | None:
     """The first bound ``ev`` violates, or ``None``; field types are already schema-checked."""
     if not 0 < len(ev.event_id) <= MAX_EVENT_ID_LENGTH:
         return "bound: event_id"
     if not 0 < len(ev.type) <= MAX_EVENT_TYPE_LENGTH:
         return "bound: type"
-    if _utf8_len(ev.tenant) > MAX_COMPONENT_BYTES:
-        return "bound: tenant"
+    # Byte bounds of tenant and target components belong to streamsched.identity, which
+    # every consumer applies; only the component count is also a wire bound.
     if len(ev.target) > MAX_TARGET_COMPONENTS:
         return "bound: target components"
-    total = 0
-    for part in ev.target:
-        size = _utf8_len(part)
-        if size > MAX_COMPONENT_BYTES:
-            return "bound: target component"
-        total += size
-    if total > MAX_TARGET_BYTES:
-        return "bound: target size"
     if ev.due_ns < 0:
         return "bound: due_ns"
     if ev.attempt < 1:

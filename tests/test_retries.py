@@ -113,6 +113,10 @@ def test_backoff_rejects_bad_arguments() -> None:
         compute_backoff(policy, 1, rand=-0.1)
     with pytest.raises(BoundExceeded):
         compute_backoff(policy, 1, rand=math.nan)
+    with pytest.raises(BoundExceeded):
+        compute_backoff(policy, 1, rand=10**400)
+    with pytest.raises(ConfigError):
+        compute_backoff(policy, 1.5, rand=0.0)  # type: ignore[arg-type]
 
 
 def test_delay_uses_the_given_rng() -> None:

@@ -340,6 +340,43 @@ def test_cron_count_matches_enumeration_across_transitions(zone: str) -> None:
             assert spec.count_between(start, end) == len(listed), (zone, expr, start)
 
 
+def test_exotic_transitions_at_midnight_and_a_skipped_day() -> None:
+    # Samoa skipped 2011-12-30 entirely (UTC-10 -> UTC+14): its noon fires at the transition.
+    apia = parse_spec("0 12 * * *", timezone="Pacific/Apia")
+    assert apia.boundaries(utc(2011, 12, 29), utc(2012, 1, 1), 10) == [
+        utc(2011, 12, 29, 22),
+        utc(2011, 12, 30, 10),
+        utc(2011, 12, 30, 22),
+        utc(2011, 12, 31, 22),
+    ]
+    half_hourly = parse_spec("*/30 * * * *", timezone="Pacific/Apia")
+    # The whole skipped day collapses onto the transition, which is also 2011-12-31 00:00.
+    assert half_hourly.count_between(utc(2011, 12, 29), utc(2012, 1, 1)) == 72 * 2
+    # Sao Paulo sprang forward at midnight (2018-11-04) and fell back at midnight (2019-02-17).
+    midnight = parse_spec("0 0 * * *", timezone="America/Sao_Paulo")
+    assert midnight.next_after(utc(2018, 11, 3, 12)) == utc(2018, 11, 4, 3)
+    late = parse_spec("30 23 * * *", timezone="America/Sao_Paulo")
+    assert late.boundaries(utc(2019, 2, 16, 12), utc(2019, 2, 19), 10) == [
+        utc(2019, 2, 17, 1, 30),
+        utc(2019, 2, 18, 2, 30),
+    ]
+    for spec in (apia, half_hourly, midnight, late):
+        for start, end in [(utc(2011, 12, 28), utc(2012, 1, 2)), (utc(2018, 11, 1), utc(2019, 3, 1))]:
+            assert spec.count_between(start, end) == len(spec.boundaries(start, end, 10**6))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    zone=st.sampled_from(["Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]),
+    expr=st.sampled_from(_EXPRS),
+    start=st.integers(min_value=utc(2026, 3, 1), max_value=utc(2026, 11, 30)),
+    length=st.integers(min_value=0, max_value=3 * DAY),
+)
+def test_cron_count_matches_enumeration_random_windows(zone: str, expr: str, start: int, length: int) -> None:
+    spec = parse_spec(expr, timezone=zone)
+    assert spec.count_between(start, start + length) == len(spec.boundaries(start, start + length, 10**6))
+
+
 def test_cron_count_over_decades_is_cheap_and_exact() -> None:
     spec = parse_spec("* * * * *", timezone="Europe/Berlin")
     started = time.perf_counter()
