@@ -6,6 +6,7 @@ is what a downstream reader would see.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -126,7 +127,7 @@ async def claim_history(bootstrap: str, wf: Workflow) -> dict[str, list[ClaimSta
 def fences_strictly_increase(history: dict[str, list[ClaimState]]) -> bool:
     for states in history.values():
         fences = [s.fence for s in states if s.status is ClaimStatus.CLAIMED]
-        if any(b <= a for a, b in zip(fences, fences[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(fences)):
             return False
     return True
 

@@ -103,7 +103,8 @@ def main() -> int:
         results = asyncio.run(demo(bootstrap))
     finally:
         cluster.stop()
-    header = f"{'workflow':<10} {'events':>7} {'selected':>8} {'unique':>7} {'effects':>8} {'dups suppressed':>16}  ok"
+    header = (f"{'workflow':<10} {'events':>7} {'selected':>8} {'unique':>7} {'effects':>8} "
+              f"{'dups suppressed':>16}  ok")
     print(header)
     ok = True
     for name, a in results:

@@ -2,37 +2,45 @@
 
 Exactly one business effect per stable identity across crashes, rebalances and zombie workers;
 delivery is at-least-once, effects are idempotent. See README.md for the concepts.
+
+Exports are resolved lazily so that ``streamsched`` commands (and a worker's signal handling)
+start before aiokafka is imported.
 """
 
-from .app import (
-    App,
-    CommandContext,
-    Emit,
-    ExternalCommand,
-    KafkaCommand,
-    Selection,
-    Turn,
-    external_command,
-    kafka_command,
-)
-from .codecs import TransitionEvent
-from .errors import StreamschedError
-from .worker import Worker, WorkerConfig
+from __future__ import annotations
 
-__all__ = [
-    "App",
-    "CommandContext",
-    "Emit",
-    "ExternalCommand",
-    "KafkaCommand",
-    "Selection",
-    "StreamschedError",
-    "TransitionEvent",
-    "Turn",
-    "Worker",
-    "WorkerConfig",
-    "external_command",
-    "kafka_command",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from .app import (
+        App,
+        CommandContext,
+        Emit,
+        ExternalCommand,
+        KafkaCommand,
+        Selection,
+        Turn,
+        external_command,
+        kafka_command,
+    )
+    from .codecs import TransitionEvent
+    from .errors import StreamschedError
+    from .worker import Worker, WorkerConfig
+
+_EXPORTS = {
+    "App": "app", "CommandContext": "app", "Emit": "app", "ExternalCommand": "app",
+    "KafkaCommand": "app", "Selection": "app", "Turn": "app", "external_command": "app",
+    "kafka_command": "app", "TransitionEvent": "codecs", "StreamschedError": "errors",
+    "Worker": "worker", "WorkerConfig": "worker",
+}
+
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'streamsched' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 
 from .codecs import TransitionEvent, encode_transition, json_dumps
 from .errors import CommandNotAllowed, ConfigError
-from .identity import IdentityParts, route_key
+from .identity import IdentityParts, IdentityResolver, route_key
 from .limits import (
     DEFAULT_IN_FLIGHT,
     MAX_CLAIM_DURATION_S,
@@ -217,6 +218,11 @@ class SchedulerDef:
             if isinstance(c, KafkaCommand):
                 out |= c.outputs
         return frozenset(out)
+
+    @functools.cached_property
+    def resolve_identity(self) -> IdentityResolver:
+        """The business identity of an event under this scheduler (see :mod:`streamsched.identity`)."""
+        return IdentityResolver(self.name, self.topic, self.selection.name, self.attempt_kind)
 
     def identity_parts(self, event: TransitionEvent) -> IdentityParts:
         return IdentityParts(scheduler=self.name, topic=self.topic, selection=self.selection.name,

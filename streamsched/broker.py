@@ -215,10 +215,7 @@ class LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._plan()
         state = self.data_dir / "cluster.json"
-        if state.exists():
-            cluster_id = json.loads(state.read_text())["cluster_id"]
-        else:
-            cluster_id = _cluster_id()
+        cluster_id = json.loads(state.read_text())["cluster_id"] if state.exists() else _cluster_id()
         for spec in self.specs:
             self._format(spec, lib, cluster_id)
         for spec in self.specs:

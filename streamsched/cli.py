@@ -18,6 +18,8 @@ from typing import Any
 from .errors import ConfigError, StreamschedError
 
 DEFAULT_DATA_DIR = Path(".streamsched/broker")
+_early_stop: list[int] = []
+"""Signals received before a worker's event loop took them over (see main)."""
 
 
 def resolve_bootstrap(arg: str | None) -> str:
@@ -114,6 +116,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if _early_stop:
+            stop.set()
         workers = [Worker(app.schedulers[n], config) for n in names]
         async with asyncio.TaskGroup() as tg:
             for w in workers:
@@ -225,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.fn is cmd_run:
+        # A SIGTERM that arrives while the worker is still importing must mean "stop cleanly",
+        # not the default of dying mid-start.
+        signal.signal(signal.SIGTERM, lambda signum, _frame: _early_stop.append(signum))
     try:
         return int(args.fn(args))
     except StreamschedError as exc:

@@ -114,6 +114,36 @@ def business_identity(parts: IdentityParts) -> str:
     return _PREFIX + hashlib.sha256(canonical_encoding(parts)).hexdigest()
 
 
+class IdentityResolver:
+    """:func:`business_identity` for one scheduler, with its fixed fields validated once.
+
+    The worker resolves one identity per record; the scheduler, topic, selection and attempt
+    kind never change, so their encoding is a precomputed prefix of the hashed bytes.
+    """
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, scheduler: str, topic: str, selection: str, attempt_kind: str) -> None:
+        probe = IdentityParts(scheduler, topic, selection, 0, "", (), attempt_kind)
+        canonical_encoding(probe)  # validates the fixed fields
+        self._head = b"".join((_BUSINESS_DOMAIN, _field(1, IDENTITY_VERSION.encode()),
+                               _field(2, scheduler.encode()), _field(3, topic.encode()),
+                               _field(4, selection.encode())))
+        self._tail = _field(8, attempt_kind.encode())
+
+    def __call__(self, due_ns: int, tenant: str, target: tuple[str, ...]) -> str:
+        if not isinstance(due_ns, int) or isinstance(due_ns, bool):
+            raise InvalidName("due_ns", "must be an integer")
+        if not 0 <= due_ns <= _U64_MAX:
+            raise BoundExceeded("due_ns", _U64_MAX if due_ns > 0 else 0, due_ns)
+        h = hashlib.sha256(self._head)
+        h.update(_field(5, struct.pack(">Q", due_ns)))
+        h.update(_field(6, _utf8(tenant, "tenant", MAX_COMPONENT_BYTES)))
+        h.update(_field(7, canonical_target(target)))
+        h.update(self._tail)
+        return _PREFIX + h.hexdigest()
+
+
 def _check_identity(identity: str) -> bytes:
     if not (isinstance(identity, str) and _IDENTITY.fullmatch(identity)):
         raise InvalidName("identity", "not a sched_<64 lower-case hex> business identity")

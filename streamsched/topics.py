@@ -9,6 +9,7 @@ silently. State topics are always ``cleanup.policy=compact``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import tomllib
 from collections.abc import Iterable
@@ -103,12 +104,11 @@ async def apply(bootstrap: str, specs: Iterable[TopicSpec], **client_options: An
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
-            try:
+            # A concurrent applier may win the race; the verification below still runs.
+            with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(
                     [NewTopic(s.name, s.partitions, s.replication, topic_configs=dict(s.config))
                      for s in missing])
-            except TopicAlreadyExistsError:
-                pass  # a concurrent applier won the race; verification below still runs
             report.created = [s.name for s in missing]
         await _verify(admin, specs)
         report.unchanged = [s.name for s in specs if s.name not in report.created]

@@ -50,6 +50,8 @@ class WorkerConfig:
     """Records buffered per partition before intake pauses that partition."""
     replication: int = 1
     ensure_topics: bool = True
+    commit_interval_s: float = 0.2
+    """Under load, offsets ride in a transaction at most this often (always when idle)."""
 
 
 class PartitionRunner:
@@ -98,7 +100,8 @@ class PartitionRunner:
             state = await restore(w.config.bootstrap, w.scheduler.state_topic, self.partition)
             w.metrics.inc("restored_identities", len(state.claims))
             self.turns = TurnRunner(w.scheduler, self.partition, self.producer, state,
-                                    owner=w.config.owner, metrics=w.metrics)
+                                    owner=w.config.owner, metrics=w.metrics,
+                                    commit_interval_s=w.config.commit_interval_s)
             self.ready = True
             turns = self.turns
             while not self.stopping:
@@ -131,7 +134,7 @@ class PartitionRunner:
         self.wake.set()
         try:
             await asyncio.wait_for(asyncio.shield(self.task), deadline_s)
-        except (asyncio.TimeoutError, Exception):
+        except Exception:  # noqa: BLE001 - past the deadline or failed: cancel either way
             self.task.cancel()
             with contextlib.suppress(BaseException):
                 await self.task
@@ -224,7 +227,8 @@ class Worker:
                     runner.offer(records)
             for p, runner in list(self.runners.items()):
                 tp = TopicPartition(topic, p)
-                if runner.task.done() and runner.failed is not None and not isinstance(runner.failed, FencedOut):
+                crashed = runner.task.done() and runner.failed is not None
+                if crashed and not isinstance(runner.failed, FencedOut):
                     await self._restart(p)
                     continue
                 paused = tp in self.consumer.paused()
@@ -267,8 +271,9 @@ def worker_config_from_env(bootstrap: str | None = None, **overrides: Any) -> Wo
     bs = bootstrap or os.environ.get("STREAMSCHED_BOOTSTRAP")
     if not bs:
         raise ConfigError("no bootstrap servers: pass --bootstrap or set STREAMSCHED_BOOTSTRAP")
-    for key, env in (("session_timeout_ms", "STREAMSCHED_SESSION_TIMEOUT_MS"),
-                     ("heartbeat_interval_ms", "STREAMSCHED_HEARTBEAT_MS")):
+    for key, env, kind in (("session_timeout_ms", "STREAMSCHED_SESSION_TIMEOUT_MS", int),
+                           ("heartbeat_interval_ms", "STREAMSCHED_HEARTBEAT_MS", int),
+                           ("commit_interval_s", "STREAMSCHED_COMMIT_INTERVAL_S", float)):
         if env in os.environ and key not in overrides:
-            overrides[key] = int(os.environ[env])
+            overrides[key] = kind(os.environ[env])
     return WorkerConfig(bootstrap=bs, **overrides)

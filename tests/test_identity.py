@@ -409,3 +409,19 @@ def test_non_canonical_identity_rejected(mangle: str) -> None:
     bad = ("sched_" + base[6:].upper()) if mangle == "upper" else ("sched_" + base[6:68] + "  ")
     with pytest.raises(InvalidName):
         claim_identity(bad, 1)
+
+
+@given(due=st.integers(min_value=0, max_value=2**64 - 1), tenant=st.text(max_size=40),
+       target=st.lists(st.text(max_size=20), max_size=8).map(tuple))
+def test_resolver_matches_business_identity(due: int, tenant: str, target: tuple[str, ...]) -> None:
+    from streamsched.identity import IdentityResolver
+
+    resolve = IdentityResolver(BASE.scheduler, BASE.topic, BASE.selection, BASE.attempt_kind)
+    parts = dataclasses.replace(BASE, due_ns=due, tenant=tenant, target=target)
+    try:
+        expected = business_identity(parts)
+    except StreamschedError as exc:
+        with pytest.raises(type(exc)):
+            resolve(due, tenant, target)
+        return
+    assert resolve(due, tenant, target) == expected

@@ -16,6 +16,7 @@ import pytest
 
 from consumers.harness import Workflow, audit, build_events, create_topics, produce, unresolved_below_commit
 from streamsched.failpoints import POINTS
+from streamsched.ops import group_lag
 from streamsched.testing import WorkerProcess, wait_drained
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
@@ -24,6 +25,8 @@ WORKER_ENV = {
     "STREAMSCHED_CLAIM_DURATION_S": "5",
     "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
     "STREAMSCHED_HEARTBEAT_MS": "500",
+    # Offsets in every transaction, so "after_commit:2" lands mid-stream, not after the end.
+    "STREAMSCHED_COMMIT_INTERVAL_S": "0",
 }
 
 
@@ -42,6 +45,7 @@ async def test_crash_at_failpoint(bootstrap: str, tmp_path: Path, kind: str, poi
     assert code == -signal.SIGKILL, f"worker did not die at {point} (exit {code})"
 
     assert await unresolved_below_commit(bootstrap, wf) == [], "offset committed ahead of outcomes"
+    assert (await group_lag(bootstrap, wf.group, wf.topic)).total > 0, "crash left nothing to recover"
 
     survivor = WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=tmp_path / "survivor.log").start()
     try:

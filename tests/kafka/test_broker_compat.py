@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ProducerFenced
@@ -59,8 +61,6 @@ async def test_new_producer_fences_old_one(bootstrap: str, make_topic, unique) -
             await new.send_and_wait(topic, b"owner", partition=0)
     finally:
         await new.stop()
-        try:
+        with contextlib.suppress(ProducerFenced):
             await old.stop()
-        except ProducerFenced:
-            pass
     assert [r.value for r in await read_topic(bootstrap, topic)] == [b"owner"]
