@@ -35,7 +35,21 @@ _EXPORTS = {
     "Worker": "worker", "WorkerConfig": "worker",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "App",
+    "CommandContext",
+    "Emit",
+    "ExternalCommand",
+    "KafkaCommand",
+    "Selection",
+    "StreamschedError",
+    "TransitionEvent",
+    "Turn",
+    "Worker",
+    "WorkerConfig",
+    "external_command",
+    "kafka_command",
+]
 __version__ = "0.1.0"
 
 
