@@ -193,6 +193,85 @@ def cmd_emit(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- schedule -------------------------------------------------------------------------------------
+
+def _fmt_ns(ns: int | None) -> str:
+    if ns is None:
+        return "-"
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from .catalog import Catalog
+
+    catalog = Catalog(resolve_bootstrap(args.bootstrap), args.catalog, partitions=args.partitions)
+
+    async def run() -> int:
+        await catalog.ensure_topics()
+        if args.action == "add":
+            payload = json.loads(args.payload) if args.payload else None
+            d = await catalog.schedule(args.name, args.spec, args.target, payload,
+                                       event_type=args.type, tenant=args.tenant,
+                                       policy=args.policy, timezone=args.timezone)
+            print(json.dumps({"name": d.name, "version": d.version, "schedule_id": d.schedule_id}))
+            return 0
+        if args.action in ("rm", "enable", "disable"):
+            fn = {"rm": catalog.unschedule, "enable": catalog.enable, "disable": catalog.disable}
+            found = await fn[args.action](args.name)
+            print(json.dumps({"name": args.name, args.action: found}))
+            return 0 if found else 1
+        if args.action == "list":
+            infos = await catalog.list()
+            if args.json:
+                print(json.dumps([i.as_dict() for i in infos]))
+                return 0
+            print(f"{'name':<24} {'spec':<20} {'status':<10} {'next planned (UTC)':<28} fired skipped")
+            for i in infos:
+                row = i.as_dict()
+                print(f"{row['name']:<24} {row['spec']:<20} {row['status']:<10} "
+                      f"{_fmt_ns(row['next_planned_ns']):<28} {row['fired']:>5} {row['skipped']:>7}")
+            return 0
+        if args.action == "history":
+            rows = await catalog.history(args.name)
+            for r in rows:
+                cause = f" {r.cause_kind}/{r.cause_category}" if r.cause_kind else ""
+                print(f"{_fmt_ns(r.at_ns)}  {r.occurrence:<40} attempt {r.attempt}  {r.state}{cause}")
+            return 0
+        raise ConfigError(f"unknown schedule action {args.action}")
+
+    if args.action == "tick":
+        return _run_ticker(catalog)
+    return asyncio.run(run())
+
+
+def _run_ticker(catalog: Any) -> int:
+    from .ticker import Ticker, TickerConfig
+    from .worker import worker_config_from_env
+
+    wc = worker_config_from_env(catalog.bootstrap)
+    config = TickerConfig(bootstrap=catalog.bootstrap, owner=wc.owner,
+                          session_timeout_ms=wc.session_timeout_ms,
+                          heartbeat_interval_ms=wc.heartbeat_interval_ms)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if _early_stop:
+            stop.set()
+        ticker = Ticker(catalog, config)
+        await ticker.run(stop)
+        print(json.dumps(ticker.metrics.snapshot()), file=sys.stderr)
+
+    logging.basicConfig(level=os.environ.get("STREAMSCHED_LOG", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(main())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamsched", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -224,12 +303,35 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--key", default=None, help="record key (default: the identity's route key)")
     e.add_argument("--bootstrap", default=None)
     e.set_defaults(fn=cmd_emit)
+
+    sc = sub.add_parser("schedule", help="durable schedules: add, rm, enable, disable, list, history, tick")
+    sc.add_argument("action", choices=["add", "rm", "enable", "disable", "list", "history", "tick"])
+    sc.add_argument("name", nargs="?", default=None)
+    sc.add_argument("spec", nargs="?", default=None, help="@every 5m | @at 2026-12-24T18:00:00Z | cron")
+    sc.add_argument("--target", default=None, help="transition topic the occurrences go to")
+    sc.add_argument("--payload", default=None, help="JSON document carried by every occurrence")
+    sc.add_argument("--type", default="due", help="transition type of the occurrences")
+    sc.add_argument("--tenant", default="")
+    sc.add_argument("--policy", choices=["catch_up", "coalesce"], default="catch_up")
+    sc.add_argument("--timezone", default=None, help="IANA zone for cron specs")
+    sc.add_argument("--catalog", default="default")
+    sc.add_argument("--partitions", type=int, default=4, help="partitions of a new catalog's topics")
+    sc.add_argument("--json", action="store_true")
+    sc.add_argument("--bootstrap", default=None)
+    sc.set_defaults(fn=cmd_schedule)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.fn is cmd_run:
+    if args.fn is cmd_schedule:
+        needs = {"add": ("name", "spec", "target"), "rm": ("name",), "enable": ("name",),
+                 "disable": ("name",), "history": ("name",)}.get(args.action, ())
+        missing = [n for n in needs if getattr(args, n) is None]
+        if missing:
+            print(f"streamsched: schedule {args.action} needs {', '.join(missing)}", file=sys.stderr)
+            return 2
+    if args.fn is cmd_run or (args.fn is cmd_schedule and args.action == "tick"):
         # A SIGTERM that arrives while the worker is still importing must mean "stop cleanly",
         # not the default of dying mid-start.
         signal.signal(signal.SIGTERM, lambda signum, _frame: _early_stop.append(signum))

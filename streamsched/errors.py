@@ -164,3 +164,14 @@ class TopicMismatch(StreamschedError):
         self.field = field
         self.expected = expected
         self.actual = actual
+
+
+class InvalidDueItem(StreamschedError):
+    """A due-work item has a field of the wrong type or outside its bound; ``field`` names it."""
+
+    kind = "invalid_due_item"
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"invalid due item {field}: {reason}")
+        self.field = field
+        self.reason = reason

@@ -18,6 +18,9 @@ POINTS = (
     "after_release",
     "after_commit",
 )
+"""The worker turn's crash boundaries."""
+TICKER_POINTS = ("tick_before_commit", "tick_after_commit")
+"""Just before and just after a schedule ticker's fire-and-advance transaction commits."""
 
 _armed: dict[str, int] | None = None
 
@@ -31,8 +34,8 @@ def arm(spec: str | None) -> None:
     armed: dict[str, int] = {}
     for item in spec.split(","):
         name, _, nth = item.strip().partition(":")
-        if name not in POINTS:
-            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS)}")
+        if name not in POINTS + TICKER_POINTS:
+            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS + TICKER_POINTS)}")
         armed[name] = int(nth or 1)
     _armed = armed
 

@@ -48,3 +48,11 @@ MAX_EVERY_INTERVAL_S = 366 * 24 * 3600
 
 MAX_DEAD_LETTER_BYTES = 2 * MAX_RECORD_BYTES
 """Largest encoded dead letter: it wraps an original value of up to MAX_RECORD_BYTES plus its key."""
+
+
+DEFAULT_DUE_INDEX_ITEMS = 10_000
+"""Default capacity (live items) of one in-memory ``duework.DueIndex``."""
+MAX_DUE_INDEX_ITEMS = 1_000_000
+"""Largest capacity a ``duework.DueIndex`` accepts; its heaps hold at most twice this many entries."""
+MAX_DUE_KEY_LENGTH = 1024
+"""Longest opaque key (characters) of a ``duework.DueItem``."""

@@ -75,3 +75,33 @@ async def read_topic(bootstrap: str, topic: str, *, read_committed: bool = True,
         return out
     finally:
         await consumer.stop()
+
+
+async def read_partition(bootstrap: str, topic: str, partition: int, *, start: int | None = None,
+                         timeout_s: float = 120.0) -> tuple[list[Any], int]:
+    """Records of ``topic[partition]`` from ``start`` (default: the beginning) to its last
+    stable offset, and that end offset: a changelog restore under read_committed."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    tp = TopicPartition(topic, partition)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest", isolation_level="read_committed",
+                                max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        consumer.assign([tp])
+        if start is None:
+            await consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, start)
+        end = int((await consumer.end_offsets([tp]))[tp])
+        deadline = time.monotonic() + timeout_s
+        while await consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic}[{partition}] did not reach offset {end}")
+            batch = await consumer.getmany(tp, timeout_ms=500, max_records=5000)
+            out.extend(batch.get(tp, ()))
+        return out, end
+    finally:
+        await consumer.stop()

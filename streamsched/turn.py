@@ -31,13 +31,16 @@ from typing import Any
 
 from . import failpoints
 from .app import CommandContext, Commands, Emit, SchedulerDef, Turn
+from .catalog import HISTORY_CODEC, HistoryRow, parse_origin
 from .claims import ClaimState, Outcome, OutcomeKind
 from .codecs import AvroCodec, TransitionEvent, decode_transition, json_dumps
 from .errors import DecodeError, StreamschedError
 from .identity import route_key
 from .metrics import Metrics
+from .names import internal_topic
 from .retries import RetryPolicy, compute_backoff, normalize_failure
 from .state import PartitionState, encode_claim
+from .topics import partition_count
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ class Item:
     follower: bool = False
     state: ClaimState | None = None
     outcome: Outcome | None = None
+    category: str = ""
     emits: list[Emit] = field(default_factory=list)
 
 
@@ -71,7 +75,9 @@ class TurnRunner:
 
     def __init__(self, scheduler: SchedulerDef, partition: int, producer: Any, state: PartitionState,
                  *, owner: str, metrics: Metrics, clock: Callable[[], int] = time.time_ns,
-                 retry: RetryPolicy | None = None, commit_interval_s: float = 0.2) -> None:
+                 retry: RetryPolicy | None = None, commit_interval_s: float = 0.2,
+                 bootstrap: str = "") -> None:
+        self.bootstrap = bootstrap
         self.s = scheduler
         self.partition = partition
         self.producer = producer
@@ -81,6 +87,7 @@ class TurnRunner:
         self.clock = clock
         self.retry = retry or scheduler.extra.get("retry") or RetryPolicy()
         self._rng = random.Random()
+        self._known_feedback: set[str] = set()
         self._state_topic = scheduler.state_topic
         self._dlq_topic = scheduler.dead_letter_topic
         self.commit_interval_s = commit_interval_s
@@ -259,6 +266,7 @@ class TurnRunner:
                 it.outcome = Outcome(OutcomeKind.FAILED, st.fence, self.clock(),
                                      error_kind=failure.cause_kind)
                 it.dead = ("terminal", failure.cause_kind)
+                it.category = failure.category
                 break
             it.emits = list(commands._emits)
             it.outcome = Outcome(OutcomeKind.SUCCEEDED, st.fence, self.clock(), events=len(it.emits),
@@ -282,6 +290,10 @@ class TurnRunner:
                 failpoints.hit("after_outcome")
             for emit in it.emits:
                 futures.append(await self.producer.send(emit.topic, emit.value, key=emit.key))
+            if it.outcome is not None and it.event is not None and it.event.origin:
+                feedback = await self._schedule_feedback(it)
+                if feedback is not None:
+                    futures.append(feedback)
             it.state = it.state.release(fence=it.state.fence, expected_revision=it.state.revision)
             futures.append(await self._send_state(it.state, view))
         for it in batch.items:
@@ -290,6 +302,25 @@ class TurnRunner:
         await asyncio.gather(*futures)
         for _ in batch.leaders:
             failpoints.hit("after_release")
+
+    async def _schedule_feedback(self, it: Item) -> Any:
+        """Report a scheduled occurrence's attempt to its catalog (in the same transaction)."""
+        occ = parse_origin(it.event.origin if it.event else None)
+        if occ is None or it.outcome is None or it.event is None:
+            return None
+        topic = internal_topic("schedules", occ.catalog, "feedback")
+        if topic not in self._known_feedback:
+            try:
+                await partition_count(self.bootstrap, topic)
+            except StreamschedError:
+                self.metrics.inc("feedback_dropped")  # no such catalog: nothing to report to
+                return None
+            self._known_feedback.add(topic)
+        failed = it.outcome.kind is OutcomeKind.FAILED
+        row = HistoryRow(occ.schedule_id, occ.occurrence, occ.planned_ns, it.event.attempt,
+                         "FAILED" if failed else "SUCCEEDED", self.clock(),
+                         it.outcome.error_kind if failed else None, it.category or None if failed else None)
+        return await self.producer.send(topic, HISTORY_CODEC.encode(row.to_record()), key=occ.name.encode())
 
     def _account(self, batch: Batch) -> None:
         self.metrics.inc("releases", len(batch.leaders))

@@ -101,7 +101,8 @@ class PartitionRunner:
             w.metrics.inc("restored_identities", len(state.claims))
             self.turns = TurnRunner(w.scheduler, self.partition, self.producer, state,
                                     owner=w.config.owner, metrics=w.metrics,
-                                    commit_interval_s=w.config.commit_interval_s)
+                                    commit_interval_s=w.config.commit_interval_s,
+                                    bootstrap=w.config.bootstrap)
             self.ready = True
             turns = self.turns
             while not self.stopping:

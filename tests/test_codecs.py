@@ -89,6 +89,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "policy": "COALESCE",
         "created_ns": 5,
         "timezone": "Europe/Berlin",
+        "event_type": "report",
+        "tenant": "acme",
     },
     "schedule_state": {
         "schedule_id": "nightly",
@@ -98,6 +100,11 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "status": "ACTIVE",
         "fence": 1,
         "revision": 2,
+        "name": "nightly",
+        "anchor_ns": 3,
+        "fired": 7,
+        "skipped": 1,
+        "history_seq": 9,
     },
     "history": {
         "schedule_id": "nightly",
@@ -483,13 +490,14 @@ def test_decode_rejects_encodings_fastavro_would_silently_accept() -> None:
     rec = {**SAMPLES["schedule_state"], "next_planned_ns": None, "last_fired_ns": None}
     good = ss.encode(rec)
     # version=4, next_planned_ns=null, last_fired_ns=null, ACTIVE, fence=1, revision=2
+    # (the fields appended after revision follow unchanged in ``rest``)
     tail = b"\x08\x00\x00\x00\x02\x04"
-    assert good.endswith(tail)
-    head = good[: -len(tail)]
+    at = good.index(tail, len(b"\xa5\x05\x0enightly"))
+    head, rest = good[:at], good[at + len(tail):]
     # Branch index -1 is Python's "last branch" (long) to fastavro.
-    neg_union = head + b"\x08" + _zigzag(-1) + _zigzag(10) + tail[2:]
+    neg_union = head + b"\x08" + _zigzag(-1) + _zigzag(10) + tail[2:] + rest
     assert _reason(lambda: ss.decode(neg_union)) == "non-canonical encoding"
-    overlong = head + b"\x88\x00" + tail[1:]
+    overlong = head + b"\x88\x00" + tail[1:] + rest
     assert _reason(lambda: ss.decode(overlong)) == "non-canonical encoding"
 
     hist = get_codec("history")

@@ -1,0 +1,338 @@
+"""The schedule ticker: a consumer-group member that fires the schedules of its partitions.
+
+Ticking is spread over the group by partition of the catalog's definitions topic; there is no
+leader election and nothing "checks leadership". For each owned partition a ticker holds a
+transactional producer bound to it (``streamsched.schedules.<catalog>.<p>``): a new owner's
+``init_transactions`` fences the old one. Firing is atomic: the occurrence events, the advanced
+schedule state, the history rows and the consumed feedback offset commit in one transaction, so
+a crash before the commit fires nothing and a crash after it fires nothing twice.
+
+Each occurrence is the transition event ``<schedule-id>/<planned-ns>`` (``event_id``) with
+``due_ns = planned_ns`` and ``target = (schedule_id,)``: its business identity in the target
+scheduler is stable, and every retry and redelivery of it reuses that identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import failpoints
+from .catalog import (
+    DEFINITION_CODEC,
+    HISTORY_CODEC,
+    STATE_CODEC,
+    Catalog,
+    Definition,
+    HistoryRow,
+    ScheduleStatus,
+    State,
+    fresh_state,
+    occurrence_origin,
+)
+from .codecs import TransitionEvent, encode_transition
+from .errors import DecodeError, FencedOut, InvalidSpec
+from .identity import route_key
+from .limits import MAX_HISTORY_ROWS
+from .metrics import Metrics
+from .ops import read_partition
+from .specs import At, plan_catch_up
+
+log = logging.getLogger(__name__)
+
+MAX_FIRES_PER_TXN = 512
+"""Occurrences per transaction; more due work simply continues on the next tick."""
+
+
+@dataclass
+class TickerConfig:
+    bootstrap: str
+    owner: str = "ticker"
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    tick_s: float = 0.02
+    clock: Any = field(default=time.time_ns)
+
+
+class PartitionTicker:
+    """Owns one catalog partition: its definitions, states, feedback and fenced producer."""
+
+    def __init__(self, ticker: Ticker, partition: int) -> None:
+        self.t = ticker
+        self.p = partition
+        self.defs: dict[str, Definition] = {}
+        self.states: dict[str, State] = {}
+        self.inbox: deque[Any] = deque()
+        self.ready = False
+        self.stopping = False
+        self.failed: BaseException | None = None
+        self.resume_at: int | None = None
+        self.fence = 1
+        self.producer: Any = None
+        self.feedback: Any = None
+        self.wake = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._main(), name=f"ticker-{partition}")
+
+    async def _main(self) -> None:
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+        from aiokafka.errors import ProducerFenced
+
+        cat = self.t.catalog
+        bs = self.t.config.bootstrap
+        try:
+            self.producer = AIOKafkaProducer(
+                bootstrap_servers=bs, transactional_id=f"streamsched.schedules.{cat.name}.{self.p}",
+                enable_idempotence=True, acks="all", linger_ms=1, max_batch_size=1024 * 1024)
+            await self.producer.start()  # fences the previous owner of this partition
+            records, end = await read_partition(bs, cat.definitions_topic, self.p)
+            for rec in records:
+                self._apply_definition(rec)
+            for rec in (await read_partition(bs, cat.state_topic, self.p))[0]:
+                key = rec.key.decode() if rec.key else ""
+                if rec.value is None:
+                    self.states.pop(key, None)
+                    continue
+                with contextlib.suppress(DecodeError, KeyError, ValueError):
+                    self.states[key] = State.from_record(STATE_CODEC.decode(rec.value))
+            self.fence = max((s.fence for s in self.states.values()), default=0) + 1
+            self.feedback_tp = TopicPartition(cat.feedback_topic, self.p)
+            self.feedback = AIOKafkaConsumer(
+                bootstrap_servers=bs, group_id=cat.group, enable_auto_commit=False,
+                auto_offset_reset="earliest", isolation_level="read_committed")
+            await self.feedback.start()
+            self.feedback.assign([self.feedback_tp])
+            committed = await self.feedback.committed(self.feedback_tp)
+            if committed is None:
+                await self.feedback.seek_to_beginning(self.feedback_tp)
+            else:
+                self.feedback.seek(self.feedback_tp, committed)
+            self.resume_at = end
+            self.ready = True
+            while not self.stopping:
+                await self._tick()
+                self.wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self._sleep_s())
+        except ProducerFenced:
+            self.failed = FencedOut(cat.definitions_topic, self.p)
+            self.t.metrics.inc("fenced")
+            log.warning("ticker fenced out of partition %d", self.p)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.failed = exc
+            self.t.metrics.error(exc)
+            log.exception("ticker partition %d failed", self.p)
+
+    def _sleep_s(self) -> float:
+        now = int(self.t.config.clock())
+        upcoming = [s.next_planned_ns for s in self.states.values()
+                    if s.status is ScheduleStatus.ACTIVE and s.next_planned_ns is not None]
+        if not upcoming:
+            return 0.2
+        return max(0.0, min(0.2, (min(upcoming) - now) / 1e9, self.t.config.tick_s * 10))
+
+    def _apply_definition(self, rec: Any) -> None:
+        key = rec.key.decode() if rec.key else ""
+        if rec.value is None:
+            self.defs.pop(key, None)
+            return
+        try:
+            defn = Definition.from_record(DEFINITION_CODEC.decode(rec.value))
+            defn.parsed()
+        except (DecodeError, InvalidSpec, KeyError, ValueError):
+            self.t.metrics.inc("bad_definitions")
+            return
+        self.defs[key] = defn
+
+    async def _feedback_rows(self) -> tuple[list[tuple[str, HistoryRow]], int | None]:
+        batch = await self.feedback.getmany(self.feedback_tp, timeout_ms=0, max_records=512)
+        rows = []
+        last = None
+        for rec in batch.get(self.feedback_tp, ()):
+            last = rec.offset
+            if rec.value is None or rec.key is None:
+                continue
+            with contextlib.suppress(DecodeError, KeyError, ValueError):
+                rows.append((rec.key.decode(), HistoryRow.from_record(HISTORY_CODEC.decode(rec.value))))
+        return rows, (last + 1 if last is not None else None)
+
+    async def _tick(self) -> None:
+        while self.inbox:
+            self._apply_definition(self.inbox.popleft())
+        now = int(self.t.config.clock())
+        cat = self.t.catalog
+        writes_state: dict[str, State | None] = {}
+        history: list[tuple[str, HistoryRow]] = []
+        events: list[tuple[str, bytes, bytes]] = []
+
+        def put(st: State) -> None:
+            self.states[st.name] = st
+            writes_state[st.name] = st
+
+        def record(st: State, row: HistoryRow) -> State:
+            history.append((f"{st.name}/{st.history_seq % MAX_HISTORY_ROWS}", row))
+            return st.advanced(history_seq=st.history_seq + 1)
+
+        snapshot = dict(self.states)
+        for name, defn in self.defs.items():
+            st = self.states.get(name)
+            if st is None or st.version != defn.version:
+                put(fresh_state(defn, now, fence=self.fence, previous=st))
+        for name in [n for n in self.states if n not in self.defs]:
+            del self.states[name]
+            writes_state[name] = None
+        rows, feedback_next = await self._feedback_rows()
+        for name, row in rows:
+            st, owner_def = self.states.get(name), self.defs.get(name)
+            if st is None or owner_def is None or row.schedule_id != st.schedule_id:
+                continue  # an attempt of an older version or a deleted schedule
+            st = record(st, row)
+            if isinstance(owner_def.parsed(), At) and st.status is ScheduleStatus.ACTIVE:
+                if row.state == "SUCCEEDED":
+                    st = st.advanced(status=ScheduleStatus.COMPLETED)
+                elif row.state == "FAILED":
+                    st = st.advanced(status=ScheduleStatus.FAILED)
+            put(st)
+        fired = 0
+        for name, st in list(self.states.items()):
+            if (st.status is not ScheduleStatus.ACTIVE or st.next_planned_ns is None
+                    or st.next_planned_ns > now or fired >= MAX_FIRES_PER_TXN):
+                continue
+            defn = self.defs[name]
+            plan = plan_catch_up(defn.parsed(), st.anchor_ns, now, policy=defn.policy)
+            for planned in plan.fire:
+                occurrence = f"{defn.schedule_id}/{planned}"
+                ev = TransitionEvent(event_id=occurrence, type=defn.event_type, tenant=defn.tenant,
+                                     target=(defn.schedule_id,), due_ns=planned, payload=defn.payload,
+                                     produced_ns=now, origin=occurrence_origin(cat.name, defn, planned))
+                events.append((defn.target_topic, encode_transition(ev), route_key(ev.tenant, ev.target)))
+                st = record(st, HistoryRow(defn.schedule_id, occurrence, planned, 1, "RUNNING", now))
+            fired += len(plan.fire)
+            st = st.advanced(anchor_ns=plan.fire[-1] if plan.fire else max(st.anchor_ns, now),
+                             next_planned_ns=plan.next_planned_ns,
+                             last_fired_ns=plan.fire[-1] if plan.fire else st.last_fired_ns,
+                             fired=st.fired + len(plan.fire), skipped=st.skipped + plan.skipped,
+                             fence=self.fence)
+            if isinstance(defn.parsed(), At):
+                st = st.advanced(next_planned_ns=None)
+            put(st)
+        if not (writes_state or history or events or feedback_next is not None):
+            return
+        try:
+            await self._commit(writes_state, history, events, feedback_next)
+        except BaseException:
+            self.states = snapshot  # nothing was written: plan again from the durable state
+            raise
+        self.t.metrics.inc("occurrences_fired", len(events))
+        self.t.metrics.inc("history_rows", len(history))
+
+    async def _commit(self, states: dict[str, State | None], history: list[tuple[str, HistoryRow]],
+                      events: list[tuple[str, bytes, bytes]], feedback_next: int | None) -> None:
+        cat = self.t.catalog
+        p = self.producer
+        await p.begin_transaction()
+        try:
+            futures = []
+            for topic, event, route in events:
+                futures.append(await p.send(topic, event, key=route))
+            for name, st in states.items():
+                snapshot = None if st is None else STATE_CODEC.encode(st.to_record())
+                futures.append(await p.send(cat.state_topic, snapshot, key=name.encode(), partition=self.p))
+            for slot, row in history:
+                futures.append(await p.send(cat.history_topic, HISTORY_CODEC.encode(row.to_record()),
+                                            key=slot.encode(), partition=self.p))
+            await asyncio.gather(*futures)
+            if feedback_next is not None:
+                await p.send_offsets_to_transaction({self.feedback_tp: feedback_next}, cat.group)
+            if events:
+                failpoints.hit("tick_before_commit")
+            await p.commit_transaction()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await p.abort_transaction()
+            raise
+        if events:
+            failpoints.hit("tick_after_commit")
+
+    async def stop(self, deadline_s: float = 10.0) -> None:
+        self.stopping = True
+        self.wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), deadline_s)
+        except Exception:  # noqa: BLE001 - past the deadline or failed: cancel either way
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+        for client in (self.producer, self.feedback):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.stop(), 10)
+
+
+class Ticker:
+    """Fire the schedules of a catalog as one member of its ticker group."""
+
+    def __init__(self, catalog: Catalog, config: TickerConfig, metrics: Metrics | None = None) -> None:
+        self.catalog = catalog
+        self.config = config
+        self.metrics = metrics or Metrics(f"ticker.{catalog.name}")
+        self.parts: dict[int, PartitionTicker] = {}
+        self.consumer: Any = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+
+        await self.catalog.ensure_topics()
+        ticker = self
+        topic = self.catalog.definitions_topic
+
+        class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                parts = [ticker.parts.pop(tp.partition) for tp in revoked if tp.partition in ticker.parts]
+                await asyncio.gather(*(pt.stop() for pt in parts))
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                for tp in assigned:
+                    ticker.consumer.pause(tp)
+                    if tp.partition not in ticker.parts:
+                        ticker.parts[tp.partition] = PartitionTicker(ticker, tp.partition)
+
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.config.bootstrap, group_id=self.catalog.group,
+            client_id=self.config.owner, enable_auto_commit=False, auto_offset_reset="earliest",
+            isolation_level="read_committed", session_timeout_ms=self.config.session_timeout_ms,
+            heartbeat_interval_ms=self.config.heartbeat_interval_ms)
+        self.consumer.subscribe([topic], listener=Listener())
+        await self.consumer.start()
+        try:
+            while not stop.is_set():
+                batch = await self.consumer.getmany(timeout_ms=50)
+                for tp, records in batch.items():
+                    pt = self.parts.get(tp.partition)
+                    if pt is not None and pt.ready:
+                        start = pt.resume_at
+                        pt.inbox.extend(r for r in records if start is None or r.offset >= start)
+                        pt.wake.set()
+                for p, pt in list(self.parts.items()):
+                    tp = TopicPartition(topic, p)
+                    if pt.ready and pt.resume_at is not None:
+                        self.consumer.seek(tp, pt.resume_at)  # restored up to here already
+                        pt.resume_at = None
+                        self.consumer.resume(tp)
+                    if pt.task.done() and pt.failed is not None and not isinstance(pt.failed, FencedOut):
+                        await pt.stop(1.0)
+                        self.metrics.inc("partition_restarts")
+                        self.consumer.pause(tp)
+                        self.parts[p] = PartitionTicker(self, p)
+        finally:
+            parts = list(self.parts.values())
+            self.parts.clear()
+            await asyncio.gather(*(pt.stop() for pt in parts))
+            with contextlib.suppress(Exception):
+                await self.consumer.stop()
