@@ -77,11 +77,13 @@ async def produce_events(bootstrap: str, topic: str, events: Iterable[Transition
 
 
 class WorkerProcess:
-    """``streamsched run APP`` as a child process, with signals for crash tests."""
+    """``streamsched run APP`` (or any ``command``) as a child process, with signals for crash tests."""
 
     def __init__(self, app_ref: str, bootstrap: str, *, env: dict[str, str] | None = None,
-                 log_path: Path | None = None, scheduler: str | None = None) -> None:
+                 log_path: Path | None = None, scheduler: str | None = None,
+                 command: list[str] | None = None) -> None:
         self.app_ref = app_ref
+        self.command = command
         self.bootstrap = bootstrap
         self.env = env or {}
         self.log_path = log_path
@@ -94,6 +96,8 @@ class WorkerProcess:
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))})
         env.update(self.env)
         cmd = [sys.executable, "-m", "streamsched.cli", "run", self.app_ref]
+        if self.command is not None:
+            cmd = [sys.executable, "-m", "streamsched.cli", *self.command]
         if self.scheduler:
             cmd += ["--scheduler", self.scheduler]
         out: Any = subprocess.DEVNULL
