@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
@@ -119,15 +120,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         if _early_stop:
             stop.set()
         workers = [Worker(app.schedulers[n], config) for n in names]
-        async with asyncio.TaskGroup() as tg:
-            for w in workers:
-                tg.create_task(w.run(stop))
+        async with contextlib.AsyncExitStack() as stack:
+            if args.status_port is not None:
+                from .status import StatusServer
+
+                server = await stack.enter_async_context(
+                    StatusServer([w.metrics for w in workers], port=args.status_port))
+                print(json.dumps({"status_url": server.url}), file=sys.stderr, flush=True)
+            async with asyncio.TaskGroup() as tg:
+                for w in workers:
+                    tg.create_task(w.run(stop))
         for w in workers:
             print(json.dumps(w.metrics.snapshot()), file=sys.stderr)
 
     logging.basicConfig(level=os.environ.get("STREAMSCHED_LOG", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(main())
+    return 0
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .status import StatusUnavailable, fetch_status, format_status
+
+    try:
+        doc = asyncio.run(fetch_status(args.url))
+    except StatusUnavailable as exc:
+        print(f"streamsched: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(doc, indent=2) if args.json else format_status(doc))
     return 0
 
 
@@ -295,7 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("app", help="MODULE:ATTR of a streamsched.App")
     r.add_argument("--scheduler", default=None)
     r.add_argument("--bootstrap", default=None)
+    env_port = os.environ.get("STREAMSCHED_STATUS_PORT")
+    r.add_argument("--status-port", type=int, default=int(env_port) if env_port else None,
+                   help="serve JSON status (/status) and Prometheus metrics (/metrics) on 127.0.0.1:N")
     r.set_defaults(fn=cmd_run)
+
+    st = sub.add_parser("status", help="print a running worker's counters, gauges and last error")
+    st.add_argument("--url", default=os.environ.get("STREAMSCHED_STATUS_URL", "http://127.0.0.1:9464"))
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_status)
 
     e = sub.add_parser("emit", help="produce one schema-validated transition event")
     e.add_argument("topic")

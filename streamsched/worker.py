@@ -226,8 +226,13 @@ class Worker:
                 runner = self.runners.get(tp.partition)
                 if runner is not None and not runner.stopping and runner.failed is None:
                     runner.offer(records)
+            lag = 0
             for p, runner in list(self.runners.items()):
                 tp = TopicPartition(topic, p)
+                high = self.consumer.highwater(tp)
+                if high is not None:
+                    with contextlib.suppress(Exception):
+                        lag += max(0, high - await self.consumer.position(tp)) + len(runner.queue)
                 crashed = runner.task.done() and runner.failed is not None
                 if crashed and not isinstance(runner.failed, FencedOut):
                     await self._restart(p)
@@ -238,6 +243,7 @@ class Worker:
                     self.consumer.pause(tp)
                 elif not want_pause and paused:
                     self.consumer.resume(tp)
+            self.metrics.set_gauge("lag", lag)
 
     async def _restart(self, partition: int) -> None:
         """Rebuild a partition after a non-fencing failure, from its committed offset."""

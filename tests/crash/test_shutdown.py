@@ -1,0 +1,74 @@
+"""SIGTERM: stop selecting, finish in-flight work within the deadline, commit, leave the group."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from consumers.harness import (
+    Workflow,
+    audit,
+    build_events,
+    claim_history,
+    create_topics,
+    produce,
+    unresolved_below_commit,
+)
+from streamsched.claims import ClaimStatus
+from streamsched.ops import group_lag
+from streamsched.testing import WorkerProcess, wait_drained, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.shutdown]
+
+
+async def group_members(bootstrap: str, group: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_consumer_groups([group])
+        return sum(len(g.members) for resp in described for g in [_Group(resp)])
+    finally:
+        await admin.close()
+
+
+class _Group:
+    def __init__(self, resp: object) -> None:
+        groups = getattr(resp, "groups", [])
+        self.members = groups[0][5] if groups else []
+
+
+async def test_sigterm_finishes_in_flight_work_and_leaves(bootstrap: str, tmp_path: Path) -> None:
+    wf = Workflow("due_runs", f".term-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.sqlite3")
+    await create_topics(bootstrap, wf, partitions=2)
+    events = build_events(wf, unique=80, duplicates=10)
+    await produce(bootstrap, wf, events)
+    env = {**wf.env, "STREAMSCHED_CLAIM_DURATION_S": "30", "STREAMSCHED_LEDGER_LATENCY_S": "0.2",
+           "STREAMSCHED_SESSION_TIMEOUT_MS": "30000"}
+    worker = WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=tmp_path / "w.log").start()
+
+    async def busy() -> bool:
+        lag = await group_lag(bootstrap, wf.group, wf.topic)
+        return sum(lag.committed.values()) >= 10
+
+    await wait_for(busy, timeout=60, what="work in progress")
+    assert await group_members(bootstrap, wf.group) == 1
+    assert worker.terminate(timeout=30) == 0
+    # Nothing half-written: every claim is released, nothing committed ahead of outcomes, and
+    # the member left the group at once (its 30 s session did not have to expire).
+    history = await claim_history(bootstrap, wf)
+    assert all(h[-1].status is ClaimStatus.RELEASED for h in history.values())
+    assert await unresolved_below_commit(bootstrap, wf) == []
+    assert await group_members(bootstrap, wf.group) == 0
+    lag = await group_lag(bootstrap, wf.group, wf.topic)
+    assert lag.total > 0, "the worker finished everything before SIGTERM; the test proved nothing"
+
+    rest = WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=tmp_path / "w2.log").start()
+    try:
+        await wait_drained(bootstrap, wf.group, wf.topic, timeout=120)
+    finally:
+        assert rest.terminate() == 0
+    result = await audit(bootstrap, wf, events)
+    assert result.ok, result
