@@ -18,9 +18,12 @@ schedule: partition ownership plus the ticker's fenced transactional producer is
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import enum
+import functools
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -37,6 +40,12 @@ STATE_CODEC = AvroCodec("schedule_state")
 HISTORY_CODEC = AvroCodec("history")
 Policy = Literal["catch_up", "coalesce"]
 ORIGIN_PREFIX = "sched:"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(spec: str, timezone: str | None) -> Spec:
+    # Specs are immutable values; a ticker re-reads each definition's spec on every tick.
+    return parse_spec(spec, timezone=timezone)
 
 
 class ScheduleStatus(enum.Enum):
@@ -75,7 +84,7 @@ class Definition:
         return f"{self.name}.v{self.version}"
 
     def parsed(self) -> Spec:
-        return parse_spec(self.spec, timezone=self.timezone)
+        return _parse_cached(self.spec, self.timezone)
 
     def to_record(self) -> dict[str, Any]:
         return {"name": self.name, "spec": self.spec, "target_topic": self.target_topic,
@@ -232,23 +241,23 @@ class Catalog:
         self.partitions = partitions
         self.replication = replication
 
-    @property
+    @functools.cached_property
     def definitions_topic(self) -> str:
         return internal_topic("schedules", self.name, "definitions")
 
-    @property
+    @functools.cached_property
     def state_topic(self) -> str:
         return internal_topic("schedules", self.name, "state")
 
-    @property
+    @functools.cached_property
     def history_topic(self) -> str:
         return internal_topic("schedules", self.name, "history")
 
-    @property
+    @functools.cached_property
     def feedback_topic(self) -> str:
         return internal_topic("schedules", self.name, "feedback")
 
-    @property
+    @functools.cached_property
     def group(self) -> str:
         return f"streamsched.schedules.{self.name}"
 
@@ -314,13 +323,20 @@ class Catalog:
     # --- writes ---------------------------------------------------------------------------------
 
     async def _write(self, name: str, value: bytes | None) -> None:
+        await self._write_many([(name, value)])
+
+    async def _write_many(self, records: builtins.list[tuple[str, bytes | None]]) -> None:
         from aiokafka import AIOKafkaProducer
 
+        if not records:
+            return
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True)
         await producer.start()
         try:
-            await producer.send_and_wait(self.definitions_topic, value, key=name.encode(),
-                                         partition=partition_for(name, self.partitions))
+            futures = [await producer.send(self.definitions_topic, value, key=name.encode(),
+                                           partition=partition_for(name, self.partitions))
+                       for name, value in records]
+            await asyncio.gather(*futures)
         finally:
             await producer.stop()
 
@@ -328,6 +344,32 @@ class Catalog:
                        event_type: str = "due", tenant: str = "", policy: Policy = "catch_up",
                        timezone: str | None = None, enabled: bool = True) -> Definition:
         """Create or replace the schedule ``name`` (upsert); a change advances its version."""
+        [defn] = await self.schedule_many([dict(name=name, spec=spec, target=target, payload=payload,
+                                                event_type=event_type, tenant=tenant, policy=policy,
+                                                timezone=timezone, enabled=enabled)])
+        return defn
+
+    async def schedule_many(self, items: Iterable[dict[str, Any]]) -> builtins.list[Definition]:
+        """Upsert several schedules (keyword arguments of :meth:`schedule` each) with one read
+        of the catalog; every item is validated before anything is written."""
+        current = await self.definitions()
+        planned: builtins.list[tuple[Definition, bool]] = []
+        for item in items:
+            defn = self._definition(current.get(item["name"]), **item)
+            old = current.get(defn.name)
+            unchanged = old is not None and replace(old, version=defn.version,
+                                                    created_ns=defn.created_ns) == defn
+            planned.append((old if unchanged and old is not None else defn, not unchanged))
+            current[defn.name] = planned[-1][0]
+        changed: builtins.list[tuple[str, bytes | None]] = [
+            (d.name, DEFINITION_CODEC.encode(d.to_record())) for d, new in planned if new]
+        await self._write_many(changed)
+        return [d for d, _ in planned]
+
+    def _definition(self, current: Definition | None, *, name: str, spec: str, target: str,
+                    payload: object = None, event_type: str = "due", tenant: str = "",
+                    policy: Policy = "catch_up", timezone: str | None = None,
+                    enabled: bool = True) -> Definition:
         validate_name(name, "schedule")
         validate_name(target, "topic")
         validate_name(event_type, "event type")
@@ -338,16 +380,10 @@ class Catalog:
         json_loads(body)
         if len(body) > MAX_PAYLOAD_BYTES:
             raise BoundExceeded("schedule payload bytes", MAX_PAYLOAD_BYTES, len(body))
-        current = (await self.definitions()).get(name)
-        defn = Definition(name=name, spec=spec, target_topic=target, payload=body,
+        return Definition(name=name, spec=spec, target_topic=target, payload=body,
                           version=(current.version + 1) if current else 1, enabled=enabled,
                           policy=policy, created_ns=time.time_ns(), timezone=timezone,
                           event_type=event_type, tenant=tenant)
-        if current is not None and replace(current, version=defn.version,
-                                           created_ns=defn.created_ns) == defn:
-            return current  # unchanged: an upsert of the same definition is a no-op
-        await self._write(name, DEFINITION_CODEC.encode(defn.to_record()))
-        return defn
 
     async def unschedule(self, name: str) -> bool:
         """Delete ``name``; True if it existed. Its ticker stops firing it."""

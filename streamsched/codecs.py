@@ -375,6 +375,25 @@ class AvroCodec:
             raise DecodeError("encode: oversize")
         return self._prefix + body
 
+    def encode_trusted(self, record: Mapping[str, Any]) -> bytes:
+        """Encode a record that streamsched itself built from typed values, skipping the field
+        checker (which costs more than the encoding). Use :meth:`encode` for anything that came
+        from outside; a malformed record still fails, as ``DecodeError("encode: invalid")``."""
+        buf = io.BytesIO()
+        buf.write(self._prefix)
+        try:
+            fastavro.schemaless_writer(buf, self._schema, record)
+        except Exception:  # noqa: BLE001 - the contract is a typed error, never a crash
+            failed = True
+        else:
+            failed = False
+        if failed:
+            raise DecodeError("encode: invalid")
+        out = buf.getvalue()
+        if len(out) > self.max_bytes:
+            raise DecodeError("encode: oversize")
+        return out
+
     def _body(self, record: object) -> bytes | str:
         """Avro body of ``record``, or a payload-free reason why it does not conform."""
         try:

@@ -35,16 +35,19 @@ from .catalog import (
     fresh_state,
     occurrence_origin,
 )
-from .codecs import TransitionEvent, encode_transition
+from .codecs import TransitionEvent, get_codec
 from .errors import DecodeError, FencedOut, InvalidSpec
 from .identity import route_key
 from .limits import MAX_HISTORY_ROWS
 from .metrics import Metrics
 from .ops import read_partition
+from .produce import GroupedWriter
 from .specs import At, plan_catch_up
 
 log = logging.getLogger(__name__)
 
+TRANSITION_CODEC = get_codec("transition")
+LOOKAHEAD_NS = 500_000_000
 MAX_FIRES_PER_TXN = 512
 """Occurrences per transaction; more due work simply continues on the next tick."""
 
@@ -57,6 +60,10 @@ class TickerConfig:
     heartbeat_interval_ms: int = 1_000
     tick_s: float = 0.02
     clock: Any = field(default=time.time_ns)
+
+
+class _Abandoned(Exception):
+    """A planned transaction given up before its time came (the partition is stopping)."""
 
 
 class PartitionTicker:
@@ -135,7 +142,8 @@ class PartitionTicker:
                     if s.status is ScheduleStatus.ACTIVE and s.next_planned_ns is not None]
         if not upcoming:
             return 0.2
-        return max(0.0, min(0.2, (min(upcoming) - now) / 1e9, self.t.config.tick_s * 10))
+        # Wake up LOOKAHEAD before the next boundary to plan it ahead (see _tick).
+        return max(0.0, min(0.2, (min(upcoming) - LOOKAHEAD_NS - now) / 1e9))
 
     def _apply_definition(self, rec: Any) -> None:
         key = rec.key.decode() if rec.key else ""
@@ -165,7 +173,13 @@ class PartitionTicker:
     async def _tick(self) -> None:
         while self.inbox:
             self._apply_definition(self.inbox.popleft())
-        now = int(self.t.config.clock())
+        wall = int(self.t.config.clock())
+        # Plan a boundary that is due within LOOKAHEAD now, and commit it exactly when it is
+        # due: the CPU of planning and encoding then lies before the planned time, not after.
+        upcoming = min((s.next_planned_ns for s in self.states.values()
+                        if s.status is ScheduleStatus.ACTIVE and s.next_planned_ns is not None),
+                       default=None)
+        now = upcoming if upcoming is not None and 0 < upcoming - wall <= LOOKAHEAD_NS else wall
         cat = self.t.catalog
         writes_state: dict[str, State | None] = {}
         history: list[tuple[str, HistoryRow]] = []
@@ -211,7 +225,9 @@ class PartitionTicker:
                 ev = TransitionEvent(event_id=occurrence, type=defn.event_type, tenant=defn.tenant,
                                      target=(defn.schedule_id,), due_ns=planned, payload=defn.payload,
                                      produced_ns=now, origin=occurrence_origin(cat.name, defn, planned))
-                events.append((defn.target_topic, encode_transition(ev), route_key(ev.tenant, ev.target)))
+                # The definition was validated when it was stored; only the planned time is new.
+                events.append((defn.target_topic, TRANSITION_CODEC.encode_trusted(ev.to_record()),
+                               route_key(ev.tenant, ev.target)))
                 st = record(st, HistoryRow(defn.schedule_id, occurrence, planned, 1, "RUNNING", now))
             fired += len(plan.fire)
             st = st.advanced(anchor_ns=plan.fire[-1] if plan.fire else max(st.anchor_ns, now),
@@ -225,34 +241,56 @@ class PartitionTicker:
         if not (writes_state or history or events or feedback_next is not None):
             return
         try:
-            await self._commit(writes_state, history, events, feedback_next)
+            await self._commit(writes_state, history, events, feedback_next, fire_at_ns=now)
+        except _Abandoned:
+            self.states = snapshot
+            return
         except BaseException:
             self.states = snapshot  # nothing was written: plan again from the durable state
             raise
+        if events:
+            self.t.metrics.observe("commit_after_planned_ms", (self.t.config.clock() - now) / 1e6)
         self.t.metrics.inc("occurrences_fired", len(events))
         self.t.metrics.inc("history_rows", len(history))
 
     async def _commit(self, states: dict[str, State | None], history: list[tuple[str, HistoryRow]],
-                      events: list[tuple[str, bytes, bytes]], feedback_next: int | None) -> None:
+                      events: list[tuple[str, bytes, bytes]], feedback_next: int | None,
+                      *, fire_at_ns: int = 0) -> None:
+        """Write everything in one transaction and commit it once the clock reaches ``fire_at_ns``.
+
+        The records are produced first and the commit waits for the planned time: read_committed
+        consumers see nothing of an open transaction, so nothing fires early, and at the planned
+        time only the commit itself (EndTxn) is left to do.
+        """
         cat = self.t.catalog
         p = self.producer
+        writer = GroupedWriter(p)
         await p.begin_transaction()
         try:
-            futures = []
             for topic, event, route in events:
-                futures.append(await p.send(topic, event, key=route))
+                writer.add(topic, event, key=route)
             for name, st in states.items():
-                snapshot = None if st is None else STATE_CODEC.encode(st.to_record())
-                futures.append(await p.send(cat.state_topic, snapshot, key=name.encode(), partition=self.p))
+                snapshot = None if st is None else STATE_CODEC.encode_trusted(st.to_record())
+                writer.add(cat.state_topic, snapshot, key=name.encode(), partition=self.p)
             for slot, row in history:
-                futures.append(await p.send(cat.history_topic, HISTORY_CODEC.encode(row.to_record()),
-                                            key=slot.encode(), partition=self.p))
-            await asyncio.gather(*futures)
+                writer.add(cat.history_topic, HISTORY_CODEC.encode_trusted(row.to_record()),
+                           key=slot.encode(), partition=self.p)
+            await writer.flush()
             if feedback_next is not None:
                 await p.send_offsets_to_transaction({self.feedback_tp: feedback_next}, cat.group)
+            clock = self.t.config.clock
+            if events and clock() > fire_at_ns:
+                self.t.metrics.inc("late_plans")
+            while (remaining := fire_at_ns - clock()) > 0:
+                if self.stopping:
+                    raise _Abandoned  # the commit never happens; the next owner plans again
+                await asyncio.sleep(min(remaining / 1e9, 0.05))
             if events:
                 failpoints.hit("tick_before_commit")
+            t_commit = time.perf_counter()
             await p.commit_transaction()
+            if events:
+                self.t.metrics.observe("end_txn_ms", (time.perf_counter() - t_commit) * 1000)
         except BaseException:
             with contextlib.suppress(Exception):
                 await p.abort_transaction()

@@ -38,6 +38,7 @@ from .errors import DecodeError, StreamschedError
 from .identity import route_key
 from .metrics import Metrics
 from .names import internal_topic
+from .produce import GroupedWriter
 from .retries import RetryPolicy, compute_backoff, normalize_failure
 from .state import PartitionState, encode_claim
 from .topics import partition_count
@@ -45,6 +46,7 @@ from .topics import partition_count
 log = logging.getLogger(__name__)
 
 DEAD_LETTER_CODEC = AvroCodec("dead_letter")
+NO_VALUE_REASON = "record has no value"
 IN_PLACE_RETRY_LIMIT_S = 2.0
 """Backoffs up to this long wait inside the turn; longer ones end the attempt (see README)."""
 
@@ -101,7 +103,7 @@ class TurnRunner:
         failpoints.hit("after_select")
         item = Item(rec)
         if rec.value is None:
-            item.dead = ("decode", "record has no value")
+            item.dead = ("decode", NO_VALUE_REASON)
             return item
         try:
             ev = decode_transition(rec.value)
@@ -165,12 +167,20 @@ class TurnRunner:
             self.pending = incoming
             return
         view: dict[str, ClaimState] = {}
+        writer = GroupedWriter(self.producer)
         await self.producer.begin_transaction()
         try:
             if pending is not None:
-                await self._write_resolution(pending, view)
+                await self._write_resolution(pending, view, writer)
             if claims:
-                await self._write_claims(claims, view)
+                self._write_claims(claims, view, writer)
+            await writer.flush()
+            if pending is not None:
+                for it in pending.leaders:
+                    if it.outcome is not None:
+                        failpoints.hit("after_outcome")
+                for _ in pending.leaders:
+                    failpoints.hit("after_release")
             if send_offsets:
                 from aiokafka import TopicPartition
 
@@ -213,25 +223,22 @@ class TurnRunner:
             wait_s = min((max(expiries) - now) / 1e9, self.s.claim_duration_s) + 0.05
             await asyncio.sleep(wait_s)
 
-    async def _send_state(self, st: ClaimState, view: dict[str, ClaimState]) -> Any:
+    def _put_state(self, st: ClaimState, view: dict[str, ClaimState], writer: GroupedWriter) -> None:
         view[st.identity] = st
-        return await self.producer.send(self._state_topic, encode_claim(st),
-                                        key=st.identity.encode(), partition=self.partition)
+        writer.add(self._state_topic, encode_claim(st), key=st.identity.encode(), partition=self.partition)
 
     async def _abort(self) -> None:
         with contextlib.suppress(Exception):
             await self.producer.abort_transaction()
 
-    async def _write_claims(self, leaders: list[Item], view: dict[str, ClaimState]) -> None:
+    def _write_claims(self, leaders: list[Item], view: dict[str, ClaimState], writer: GroupedWriter) -> None:
         now = self.clock()
         duration = int(self.s.claim_duration_s * 1e9)
-        futures = []
         for it in leaders:
             cur = view.get(it.identity) or self.state.get(it.identity)
             it.state = cur.acquire(owner=self.owner, now_ns=now, duration_ns=duration,
                                    expected_revision=cur.revision)
-            futures.append(await self._send_state(it.state, view))
-        await asyncio.gather(*futures)
+            self._put_state(it.state, view, writer)
 
     # --- 4. execute -------------------------------------------------------------------------------
 
@@ -277,50 +284,44 @@ class TurnRunner:
 
     # --- 5/6. release + commit --------------------------------------------------------------------
 
-    async def _write_resolution(self, batch: Batch, view: dict[str, ClaimState]) -> None:
+    async def _write_resolution(self, batch: Batch, view: dict[str, ClaimState],
+                                writer: GroupedWriter) -> None:
         # Outcome and release commit in one transaction, so only the final RELEASED snapshot
         # (which carries the outcome) is written; both transitions still run through the
         # state machine's guards.
-        futures = []
         for it in batch.leaders:
             assert it.state is not None
             if it.outcome is not None:
                 it.state = it.state.store_outcome(fence=it.state.fence, expected_revision=it.state.revision,
                                                   outcome=it.outcome)
-                failpoints.hit("after_outcome")
             for emit in it.emits:
-                futures.append(await self.producer.send(emit.topic, emit.value, key=emit.key))
+                writer.add(emit.topic, emit.value, key=emit.key)
             if it.outcome is not None and it.event is not None and it.event.origin:
-                feedback = await self._schedule_feedback(it)
-                if feedback is not None:
-                    futures.append(feedback)
+                await self._schedule_feedback(it, writer)
             it.state = it.state.release(fence=it.state.fence, expected_revision=it.state.revision)
-            futures.append(await self._send_state(it.state, view))
+            self._put_state(it.state, view, writer)
         for it in batch.items:
             if it.dead is not None:
-                futures.append(await self._send_dead_letter(it))
-        await asyncio.gather(*futures)
-        for _ in batch.leaders:
-            failpoints.hit("after_release")
+                self._dead_letter(it, writer)
 
-    async def _schedule_feedback(self, it: Item) -> Any:
+    async def _schedule_feedback(self, it: Item, writer: GroupedWriter) -> None:
         """Report a scheduled occurrence's attempt to its catalog (in the same transaction)."""
         occ = parse_origin(it.event.origin if it.event else None)
         if occ is None or it.outcome is None or it.event is None:
-            return None
+            return
         topic = internal_topic("schedules", occ.catalog, "feedback")
         if topic not in self._known_feedback:
             try:
                 await partition_count(self.bootstrap, topic)
             except StreamschedError:
                 self.metrics.inc("feedback_dropped")  # no such catalog: nothing to report to
-                return None
+                return
             self._known_feedback.add(topic)
         failed = it.outcome.kind is OutcomeKind.FAILED
         row = HistoryRow(occ.schedule_id, occ.occurrence, occ.planned_ns, it.event.attempt,
                          "FAILED" if failed else "SUCCEEDED", self.clock(),
                          it.outcome.error_kind if failed else None, it.category or None if failed else None)
-        return await self.producer.send(topic, HISTORY_CODEC.encode(row.to_record()), key=occ.name.encode())
+        writer.add(topic, HISTORY_CODEC.encode(row.to_record()), key=occ.name.encode())
 
     def _account(self, batch: Batch) -> None:
         self.metrics.inc("releases", len(batch.leaders))
@@ -331,24 +332,31 @@ class TurnRunner:
         for _ in batch.items:
             self.metrics.observe("turn_ms", elapsed_ms)
 
-    async def _send_dead_letter(self, it: Item) -> Any:
+    def _dead_letter(self, it: Item, writer: GroupedWriter) -> None:
         assert it.dead is not None
         kind, reason = it.dead
         rec = it.record
         attempt = it.event.attempt if it.event is not None else 1
+        original = rec.value or b""
+        preserved = len(original) + len(rec.key or b"") + 1024 <= DEAD_LETTER_CODEC.max_bytes
+        if not preserved:
+            # Too big to wrap: the dead letter still records where the original lives (topic,
+            # partition, offset) so nothing is lost while the source topic retains it.
+            original = b""
         value = DEAD_LETTER_CODEC.encode({
             "kind": kind, "source_topic": self.s.topic, "source_partition": self.partition,
             "source_offset": rec.offset, "attempt": attempt, "at_ns": self.clock(),
-            "reason": reason, "original": rec.value or b"", "original_key": rec.key,
+            "reason": reason if preserved else f"{reason}; original left in the source topic",
+            "original": original, "original_key": rec.key if preserved else None,
         })
         headers = [
             ("ss-kind", kind.encode()), ("ss-source-topic", self.s.topic.encode()),
             ("ss-source-partition", str(self.partition).encode()),
             ("ss-source-offset", str(rec.offset).encode()), ("ss-attempt", str(attempt).encode()),
-            ("ss-reason", reason.encode()),
+            ("ss-reason", reason.encode()), ("ss-original", b"preserved" if preserved else b"omitted"),
         ]
-        return await self.producer.send(self._dlq_topic, value, key=rec.key,
-                                        partition=self.partition, headers=headers)
+        writer.add(self._dlq_topic, value, key=rec.key if preserved else None, partition=self.partition,
+                   headers=headers)
 
 
 def _digest(results: list[object], emits: list[Emit]) -> bytes:

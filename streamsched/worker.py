@@ -258,8 +258,10 @@ class Worker:
         if tp not in self.consumer.assignment():
             return
         self.consumer.pause(tp)
+        # Re-read from the last committed offset: the failed batch must come back. (With no
+        # committed offset yet that is the beginning; seek_to_committed would do nothing.)
         if committed is None:
-            await self.consumer.seek_to_committed(tp)
+            await self.consumer.seek_to_beginning(tp)
         else:
             self.consumer.seek(tp, committed)
         self.runners[partition] = PartitionRunner(self, partition)
