@@ -153,6 +153,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- dlq ------------------------------------------------------------------------------------------
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from .dlq import format_dead_letters, list_dead_letters, replay
+    from .names import internal_topic
+
+    topic = args.topic or internal_topic("dlq", args.scheduler)
+    bootstrap = resolve_bootstrap(args.bootstrap)
+    if args.action == "list":
+        views = asyncio.run(list_dead_letters(bootstrap, topic, limit=args.limit, kind=args.kind))
+        print(format_dead_letters(views))
+        return 0
+    kinds = {args.kind} if args.kind else None
+    report = asyncio.run(replay(bootstrap, topic, kinds=kinds, limit=args.limit, dry_run=args.dry_run))
+    print(json.dumps(report.to_dict()))
+    return 0
+
+
 # --- emit -----------------------------------------------------------------------------------------
 
 def event_from_json(doc: dict[str, Any]) -> Any:
@@ -231,8 +249,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     catalog = Catalog(resolve_bootstrap(args.bootstrap), args.catalog, partitions=args.partitions)
 
     async def run() -> int:
-        await catalog.ensure_topics()
         if args.action == "add":
+            await catalog.ensure_topics()
             payload = json.loads(args.payload) if args.payload else None
             d = await catalog.schedule(args.name, args.spec, args.target, payload,
                                        event_type=args.type, tenant=args.tenant,
@@ -322,6 +340,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve JSON status (/status) and Prometheus metrics (/metrics) on 127.0.0.1:N")
     r.set_defaults(fn=cmd_run)
 
+    dq = sub.add_parser("dlq", help="list dead letters, or replay them to their source topic")
+    dq.add_argument("action", choices=["list", "replay"])
+    dq.add_argument("scheduler", nargs="?", default=None, help="scheduler whose dead-letter topic to use")
+    dq.add_argument("--topic", default=None, help="a dead-letter topic by name instead")
+    dq.add_argument("--kind", default=None, help="only this kind (decode, bound, misrouted, terminal, ...)")
+    dq.add_argument("--limit", type=int, default=100)
+    dq.add_argument("--dry-run", action="store_true", help="replay: count, send nothing")
+    dq.add_argument("--bootstrap", default=None)
+    dq.set_defaults(fn=cmd_dlq)
+
     st = sub.add_parser("status", help="print a running worker's counters, gauges and last error")
     st.add_argument("--url", default=os.environ.get("STREAMSCHED_STATUS_URL", "http://127.0.0.1:9464"))
     st.add_argument("--json", action="store_true")
@@ -354,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.fn is cmd_dlq and not (args.scheduler or args.topic):
+        print("streamsched: dlq needs a scheduler name or --topic", file=sys.stderr)
+        return 2
     if args.fn is cmd_schedule:
         needs = {"add": ("name", "spec", "target"), "rm": ("name",), "enable": ("name",),
                  "disable": ("name",), "history": ("name",)}.get(args.action, ())
