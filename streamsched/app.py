@@ -208,6 +208,11 @@ class SchedulerDef:
         return internal_topic("state", self.name)
 
     @property
+    def delay_topic(self) -> str:
+        """Where retries with long backoffs wait (co-partitioned; see streamsched.duework)."""
+        return internal_topic("delay", self.name)
+
+    @property
     def dead_letter_topic(self) -> str:
         return internal_topic("dlq", self.name)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import random
@@ -33,7 +34,7 @@ from . import failpoints
 from .app import CommandContext, Commands, Emit, SchedulerDef, Turn
 from .catalog import HISTORY_CODEC, HistoryRow, parse_origin
 from .claims import ClaimState, Outcome, OutcomeKind
-from .codecs import AvroCodec, TransitionEvent, decode_transition, json_dumps
+from .codecs import AvroCodec, TransitionEvent, decode_transition, encode_transition, json_dumps
 from .errors import DecodeError, StreamschedError
 from .identity import route_key
 from .metrics import Metrics
@@ -46,6 +47,8 @@ from .topics import partition_count
 log = logging.getLogger(__name__)
 
 DEAD_LETTER_CODEC = AvroCodec("dead_letter")
+DUE_HEADER = "ss-due-ns"
+"""Header of a delay-topic record: when (UTC ns) it is due again."""
 NO_VALUE_REASON = "record has no value"
 IN_PLACE_RETRY_LIMIT_S = 2.0
 """Backoffs up to this long wait inside the turn; longer ones end the attempt (see README)."""
@@ -61,6 +64,8 @@ class Item:
     state: ClaimState | None = None
     outcome: Outcome | None = None
     category: str = ""
+    park_until_ns: int | None = None
+    attempt_next: int = 0
     emits: list[Emit] = field(default_factory=list)
 
 
@@ -68,8 +73,64 @@ class Item:
 class Batch:
     items: list[Item]
     leaders: list[Item]
-    next_offset: int
+    next_offset: int | None
+    """Transition-topic offset after this batch's last transition record (None: none in it)."""
+    delayed: list[int]
+    """Delay-topic offsets of the re-driven records in this batch."""
     started: float
+
+
+class Offsets:
+    """What may be committed: the transition partition resolves in order, the delay partition
+    out of order (re-driven records come back by due time), so its watermark is the lowest
+    offset still outstanding."""
+
+    __slots__ = ("d_high", "d_outstanding", "d_sent", "t_next", "t_offered", "t_sent")
+
+    def __init__(self) -> None:
+        self.t_offered: int | None = None
+        self.t_next: int | None = None
+        self.t_sent: int | None = None
+        self.d_outstanding: set[int] = set()
+        self.d_high: int | None = None
+        self.d_sent: int | None = None
+
+    def note_delayed(self, offset: int) -> None:
+        self.d_outstanding.add(offset)
+        self.d_high = max(self.d_high or 0, offset + 1)
+
+    def after(self, batch: Batch | None) -> tuple[int | None, int | None]:
+        """(transition, delay) watermarks once ``batch`` is resolved."""
+        t = self.t_next
+        if batch is not None and batch.next_offset is not None:
+            t = batch.next_offset if t is None else max(t, batch.next_offset)
+        outstanding = self.d_outstanding - set(batch.delayed) if batch is not None else self.d_outstanding
+        d = min(outstanding) if outstanding else self.d_high
+        return t, d
+
+    def note_offered(self, offset: int) -> None:
+        self.t_offered = offset + 1
+
+    def skip_markers(self, t_position: int | None, d_position: int | None) -> None:
+        """Advance over transaction markers once everything offered is resolved.
+
+        A transactional upstream leaves control records after its data; the consumer's position
+        moves past them, the last record's offset + 1 does not. Only when every record handed
+        to the turn is resolved is the gap known to hold markers alone.
+        """
+        settled = self.t_next is not None and self.t_next == self.t_offered
+        if settled and t_position is not None and self.t_next is not None and t_position > self.t_next:
+            self.t_next = self.t_offered = t_position
+        if d_position is not None and not self.d_outstanding and self.d_high is not None:
+            self.d_high = max(self.d_high, d_position)
+
+    def resolve(self, batch: Batch) -> None:
+        self.t_next, _ = self.after(batch)
+        self.d_outstanding.difference_update(batch.delayed)
+
+    def unsent(self) -> bool:
+        t, d = self.after(None)
+        return t != self.t_sent or d != self.d_sent
 
 
 class TurnRunner:
@@ -94,7 +155,8 @@ class TurnRunner:
         self._dlq_topic = scheduler.dead_letter_topic
         self.commit_interval_s = commit_interval_s
         self.pending: Batch | None = None
-        self._unflushed: int | None = None
+        self.offsets = Offsets()
+        self._delay_topic = scheduler.delay_topic
         self._last_offset_commit = time.monotonic()
 
     # --- 1. select ----------------------------------------------------------------------------
@@ -141,12 +203,15 @@ class TurnRunner:
             seen.add(it.identity)
             leaders.append(it)
         self.metrics.inc("turns", len(leaders))
-        return Batch(items, leaders, records[-1].offset + 1, time.perf_counter())
+        transition = [r.offset for r in records if r.topic == self.s.topic]
+        delayed = [r.offset for r in records if r.topic != self.s.topic]
+        return Batch(items, leaders, (transition[-1] + 1) if transition else None, delayed,
+                     time.perf_counter())
 
     @property
     def idle(self) -> bool:
         """Nothing executed-but-unresolved and no resolved offset left uncommitted."""
-        return self.pending is None and self._unflushed is None
+        return self.pending is None and not self.offsets.unsent()
 
     async def step(self, incoming: Batch | None, *, flush_offsets: bool = False) -> None:
         """One transaction: resolve the pending batch, claim ``incoming``, maybe commit offsets.
@@ -160,9 +225,10 @@ class TurnRunner:
         claims = incoming.leaders if incoming is not None else []
         if claims:
             await self._wait_for_leases(claims)
-        resolved_offset = pending.next_offset if pending is not None else self._unflushed
+        t_mark, d_mark = self.offsets.after(pending)
+        changed = t_mark != self.offsets.t_sent or d_mark != self.offsets.d_sent
         due = time.monotonic() - self._last_offset_commit >= self.commit_interval_s
-        send_offsets = resolved_offset is not None and (flush_offsets or due)
+        send_offsets = changed and (flush_offsets or due)
         if pending is None and not claims and not send_offsets:
             self.pending = incoming
             return
@@ -184,23 +250,28 @@ class TurnRunner:
             if send_offsets:
                 from aiokafka import TopicPartition
 
-                await self.producer.send_offsets_to_transaction(
-                    {TopicPartition(self.s.topic, self.partition): resolved_offset}, self.s.group)
+                marks = {}
+                if t_mark is not None:
+                    marks[TopicPartition(self.s.topic, self.partition)] = t_mark
+                if d_mark is not None:
+                    marks[TopicPartition(self._delay_topic, self.partition)] = d_mark
+                await self.producer.send_offsets_to_transaction(marks, self.s.group)
             await self.producer.commit_transaction()
         except BaseException:
             await self._abort()
             raise
         for st in view.values():
             self.state.put(st)
-        self._unflushed = None if send_offsets else resolved_offset
         if pending is not None:
+            self.offsets.resolve(pending)
             self._account(pending)
         if claims:
             self.metrics.inc("claims", len(claims))
             failpoints.hit("after_claim")
         if send_offsets:
+            self.offsets.t_sent, self.offsets.d_sent = t_mark, d_mark
             self._last_offset_commit = time.monotonic()
-            self.metrics.set_gauge(f"committed_offset_p{self.partition}", float(resolved_offset or 0))
+            self.metrics.set_gauge(f"committed_offset_p{self.partition}", float(t_mark or 0))
             failpoints.hit("after_commit")
         self.pending = incoming
         if claims:
@@ -269,6 +340,13 @@ class TurnRunner:
                     await asyncio.sleep(delay)
                     attempt += 1
                     continue
+                if failure.retryable:
+                    # Too long to wait holding the partition: park it in the delay topic, release
+                    # the claim without an outcome, and let the offset move on.
+                    self.metrics.inc("retries_parked")
+                    it.park_until_ns = self.clock() + int(delay * 1e9)
+                    it.attempt_next = attempt + 1
+                    break
                 self.metrics.inc(f"terminal_{failure.cause_kind}")
                 it.outcome = Outcome(OutcomeKind.FAILED, st.fence, self.clock(),
                                      error_kind=failure.cause_kind)
@@ -298,6 +376,11 @@ class TurnRunner:
                 writer.add(emit.topic, emit.value, key=emit.key)
             if it.outcome is not None and it.event is not None and it.event.origin:
                 await self._schedule_feedback(it, writer)
+            if it.park_until_ns is not None and it.event is not None:
+                retry = dataclasses.replace(it.event, attempt=it.attempt_next)
+                writer.add(self._delay_topic, encode_transition(retry), key=it.record.key,
+                           partition=self.partition,
+                           headers=[(DUE_HEADER, str(it.park_until_ns).encode())])
             it.state = it.state.release(fence=it.state.fence, expected_revision=it.state.revision)
             self._put_state(it.state, view, writer)
         for it in batch.items:
@@ -344,7 +427,8 @@ class TurnRunner:
             # partition, offset) so nothing is lost while the source topic retains it.
             original = b""
         value = DEAD_LETTER_CODEC.encode({
-            "kind": kind, "source_topic": self.s.topic, "source_partition": self.partition,
+            "kind": kind, "source_topic": self.s.topic if rec.topic == self._delay_topic else rec.topic,
+            "source_partition": self.partition,
             "source_offset": rec.offset, "attempt": attempt, "at_ns": self.clock(),
             "reason": reason if preserved else f"{reason}; original left in the source topic",
             "original": original, "original_key": rec.key if preserved else None,

@@ -21,17 +21,19 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from .app import SchedulerDef
+from .duework import DueIndex, DueItem
 from .errors import ConfigError, FencedOut
 from .metrics import Metrics
 from .state import restore
 from .topics import TopicSpec, apply, partition_count
-from .turn import TurnRunner
+from .turn import DUE_HEADER, TurnRunner
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ class WorkerConfig:
     """Records buffered per partition before intake pauses that partition."""
     replication: int = 1
     ensure_topics: bool = True
+    due_index_items: int = 10_000
+    """Re-driven records held in memory at most; past it, delay intake pauses."""
     commit_interval_s: float = 0.2
     """Under load, offsets ride in a transaction at most this often (always when idle)."""
 
@@ -154,6 +158,7 @@ class Worker:
         self.runners: dict[int, PartitionRunner] = {}
         self.consumer: Any = None
         self.assigned = asyncio.Event()
+        self.due = DueIndex(max_items=config.due_index_items)
 
     async def ensure_topics(self) -> None:
         """Create the scheduler's state and dead-letter topics, co-partitioned with its topic."""
@@ -162,6 +167,7 @@ class Worker:
         specs = [
             TopicSpec(s.state_topic, n, self.config.replication, kind="state"),
             TopicSpec(s.dead_letter_topic, n, self.config.replication, kind="dead_letter"),
+            TopicSpec(s.delay_topic, n, self.config.replication, kind="delay"),
         ]
         await apply(self.config.bootstrap, specs)
         for out in s.outputs:
@@ -169,6 +175,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+        from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
         if self.config.ensure_topics:
             await self.ensure_topics()
@@ -176,10 +183,10 @@ class Worker:
 
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             async def on_partitions_revoked(self, revoked: Any) -> None:
-                await worker._revoke([tp.partition for tp in revoked if tp.topic == worker.scheduler.topic])
+                await worker._revoke(sorted({tp.partition for tp in revoked}))
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
-                worker._assign([tp for tp in assigned if tp.topic == worker.scheduler.topic])
+                worker._assign(list(assigned))
 
         s = self.scheduler
         self.consumer = AIOKafkaConsumer(
@@ -194,8 +201,11 @@ class Worker:
             max_poll_interval_ms=self.config.max_poll_interval_ms,
             rebalance_timeout_ms=max(30_000, int(self.config.shutdown_deadline_s * 1000) + 5_000),
             max_partition_fetch_bytes=1024 * 1024,
+            partition_assignment_strategy=(RangePartitionAssignor,),
         )
-        self.consumer.subscribe([s.topic], listener=Listener())
+        # Range assignment gives one member the same partition numbers of both topics, so the
+        # delay partition p always lives with transition partition p (and its fenced producer).
+        self.consumer.subscribe([s.topic, s.delay_topic], listener=Listener())
         await self.consumer.start()
         try:
             await self._intake(stop)
@@ -205,13 +215,15 @@ class Worker:
     def _assign(self, tps: list[Any]) -> None:
         for tp in tps:
             self.consumer.pause(tp)
-            if tp.partition not in self.runners:
+            if tp.topic == self.scheduler.topic and tp.partition not in self.runners:
                 self.runners[tp.partition] = PartitionRunner(self, tp.partition)
         self.metrics.set_gauge("partitions", len(self.runners))
         self.assigned.set()
 
     async def _revoke(self, partitions: list[int]) -> None:
         runners = [self.runners.pop(p) for p in partitions if p in self.runners]
+        for p in partitions:
+            self.due.remove_partition(p)  # uncommitted, so the next owner re-reads them
         await asyncio.gather(*(r.stop(self.config.shutdown_deadline_s) for r in runners))
         self.metrics.set_gauge("partitions", len(self.runners))
 
@@ -219,13 +231,20 @@ class Worker:
         from aiokafka import TopicPartition
 
         topic = self.scheduler.topic
+        delay_topic = self.scheduler.delay_topic
         bound = self.config.queue_bound
         while not stop.is_set():
             batch = await self.consumer.getmany(timeout_ms=100, max_records=bound * 4)
             for tp, records in batch.items():
                 runner = self.runners.get(tp.partition)
-                if runner is not None and not runner.stopping and runner.failed is None:
+                if runner is None or runner.stopping or runner.failed is not None or runner.turns is None:
+                    continue
+                if tp.topic == delay_topic:
+                    self._park(tp, records, runner)
+                else:
+                    runner.turns.offsets.note_offered(records[-1].offset)
                     runner.offer(records)
+            self._sweep()
             lag = 0
             for p, runner in list(self.runners.items()):
                 tp = TopicPartition(topic, p)
@@ -237,13 +256,67 @@ class Worker:
                 if crashed and not isinstance(runner.failed, FencedOut):
                     await self._restart(p)
                     continue
-                paused = tp in self.consumer.paused()
+                if runner.turns is not None and not runner.queue:
+                    await self._skip_markers(p, runner)
                 want_pause = not runner.ready or runner.failed is not None or len(runner.queue) >= bound
-                if want_pause and not paused:
-                    self.consumer.pause(tp)
-                elif not want_pause and paused:
-                    self.consumer.resume(tp)
+                self._set_paused(tp, want_pause)
+                # The due index is bounded: when it is full, delay intake pauses (nothing is lost;
+                # the records stay in the delay topic).
+                self._set_paused(TopicPartition(delay_topic, p), want_pause or self.due.free < bound)
             self.metrics.set_gauge("lag", lag)
+            self.metrics.set_gauge("due_items", len(self.due))
+
+    async def _skip_markers(self, partition: int, runner: PartitionRunner) -> None:
+        from aiokafka import TopicPartition
+
+        assert runner.turns is not None
+        positions: list[int | None] = []
+        for topic in (self.scheduler.topic, self.scheduler.delay_topic):
+            tp = TopicPartition(topic, partition)
+            pos = None
+            if tp in self.consumer.assignment() and self.consumer.highwater(tp) is not None:
+                with contextlib.suppress(Exception):
+                    pos = await self.consumer.position(tp)
+            positions.append(pos)
+        before = runner.turns.offsets.unsent()
+        runner.turns.offsets.skip_markers(positions[0], positions[1])
+        if not before and runner.turns.offsets.unsent():
+            runner.wake.set()
+
+    def _set_paused(self, tp: Any, pause: bool) -> None:
+        if tp not in self.consumer.assignment():
+            return
+        paused = tp in self.consumer.paused()
+        if pause and not paused:
+            self.consumer.pause(tp)
+        elif not pause and paused:
+            self.consumer.resume(tp)
+
+    def _park(self, tp: Any, records: list[Any], runner: PartitionRunner) -> None:
+        """Index re-driven records by due time; they reach the turn when due (see _sweep)."""
+        assert runner.turns is not None
+        for i, rec in enumerate(records):
+            due_ns = _due_ns(rec)
+            item = DueItem(key=f"{tp.partition}:{rec.offset}", partition=tp.partition, due_ns=due_ns,
+                           kind="retry", attempt=1, ref=rec)
+            if not self.due.add(item):
+                # Full: read the rest again later, from the first record not indexed.
+                self.consumer.seek(tp, records[i].offset)
+                self.consumer.pause(tp)
+                return
+            runner.turns.offsets.note_delayed(rec.offset)
+
+    def _sweep(self) -> None:
+        """Move due work into the partitions' queues, a bounded, fair page at a time."""
+        now = time.time_ns()
+        for _ in range(4):  # a few pages per intake round, so a backlog drains without starving fetches
+            page = self.due.sweep(now)
+            for item in page:
+                runner = self.runners.get(item.partition)
+                if runner is not None and not runner.stopping:
+                    runner.offer([item.ref])
+            if len(page) < self.due.page_size:
+                return
 
     async def _restart(self, partition: int) -> None:
         """Rebuild a partition after a non-fencing failure, from its committed offset."""
@@ -251,19 +324,23 @@ class Worker:
 
         tp = TopicPartition(self.scheduler.topic, partition)
         old = self.runners.pop(partition)
+        self.due.remove_partition(partition)
         await old.stop(1.0)
         self.metrics.inc("partition_restarts")
         await asyncio.sleep(1.0)
-        committed = await self.consumer.committed(tp)
         if tp not in self.consumer.assignment():
             return
-        self.consumer.pause(tp)
         # Re-read from the last committed offset: the failed batch must come back. (With no
         # committed offset yet that is the beginning; seek_to_committed would do nothing.)
-        if committed is None:
-            await self.consumer.seek_to_beginning(tp)
-        else:
-            self.consumer.seek(tp, committed)
+        for part in (tp, TopicPartition(self.scheduler.delay_topic, partition)):
+            if part not in self.consumer.assignment():
+                continue
+            self.consumer.pause(part)
+            committed = await self.consumer.committed(part)
+            if committed is None:
+                await self.consumer.seek_to_beginning(part)
+            else:
+                self.consumer.seek(part, committed)
         self.runners[partition] = PartitionRunner(self, partition)
 
     async def _shutdown(self) -> None:
@@ -274,6 +351,14 @@ class Worker:
         await asyncio.gather(*(r.stop(self.config.shutdown_deadline_s) for r in runners))
         with contextlib.suppress(Exception):
             await self.consumer.stop()  # leaves the group: the partitions move at once
+
+
+def _due_ns(rec: Any) -> int:
+    for key, value in rec.headers or ():
+        if key == DUE_HEADER:
+            with contextlib.suppress(ValueError):
+                return max(0, int(value))
+    return 0  # no due time: due now (the turn decides what to do with it)
 
 
 def worker_config_from_env(bootstrap: str | None = None, **overrides: Any) -> WorkerConfig:
