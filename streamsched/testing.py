@@ -19,6 +19,7 @@ from typing import Any
 
 from .codecs import TransitionEvent, encode_transition, json_dumps
 from .identity import route_key
+from .names import internal_topic
 from .ops import group_lag
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,9 +38,17 @@ async def wait_for(cond: Callable[[], Awaitable[bool]], *, timeout: float, inter
 
 
 async def wait_drained(bootstrap: str, group: str, topic: str, *, timeout: float = 120.0) -> None:
+    """Until ``group`` has committed all of ``topic`` and of its scheduler's delay topic (work
+    parked for a retry, a lease or a future due time is not done until it comes back)."""
+    delay = None
+    if group.startswith("streamsched."):
+        delay = internal_topic("delay", group[len("streamsched."):])
+
     async def drained() -> bool:
         lag = await group_lag(bootstrap, group, topic)
-        return lag.total == 0 and sum(lag.end.values()) > 0
+        if lag.total != 0 or sum(lag.end.values()) == 0:
+            return False
+        return delay is None or (await group_lag(bootstrap, group, delay)).total == 0
 
     await wait_for(drained, timeout=timeout, what=f"group {group} to drain {topic}")
 

@@ -193,14 +193,28 @@ class TurnRunner:
         self.metrics.inc("records", len(items))
         leaders: list[Item] = []
         seen: set[str] = set()
+        now = self.clock()
         for it in items:
-            if not it.identity or it.dead is not None:
+            if not it.identity or it.dead is not None or it.event is None:
                 continue
             if it.identity in seen:
                 it.follower = True
                 self.metrics.inc("duplicates_in_batch")
                 continue
             seen.add(it.identity)
+            st = self.state.get(it.identity)
+            if it.event.due_ns > now and st.outcome is None:
+                # A future due time: wait in the delay topic, not in the partition.
+                it.park_until_ns, it.attempt_next = it.event.due_ns, it.event.attempt
+                self.metrics.inc("deferred_until_due")
+                continue
+            if st.lease_active(now) and st.owner != self.owner:
+                # Another owner's unexpired lease (a predecessor that may still be executing) is
+                # honoured: the item comes back through the due index when the lease expires and
+                # is then reclaimed with a fresh fence. Healthy items behind it go on.
+                it.park_until_ns, it.attempt_next = st.lease_expires_ns, it.event.attempt
+                self.metrics.inc("lease_waits")
+                continue
             leaders.append(it)
         self.metrics.inc("turns", len(leaders))
         transition = [r.offset for r in records if r.topic == self.s.topic]
@@ -223,8 +237,6 @@ class TurnRunner:
         """
         pending = self.pending
         claims = incoming.leaders if incoming is not None else []
-        if claims:
-            await self._wait_for_leases(claims)
         t_mark, d_mark = self.offsets.after(pending)
         changed = t_mark != self.offsets.t_sent or d_mark != self.offsets.d_sent
         due = time.monotonic() - self._last_offset_commit >= self.commit_interval_s
@@ -283,16 +295,6 @@ class TurnRunner:
             await self.step(None, flush_offsets=True)
 
     # --- 2/3. resolve + claim -------------------------------------------------------------------
-
-    async def _wait_for_leases(self, leaders: list[Item]) -> None:
-        """Honour unexpired leases of other owners (a predecessor that may still be executing)."""
-        now = self.clock()
-        expiries = [st.lease_expires_ns for st in (self.state.get(it.identity) for it in leaders)
-                    if st.lease_active(now) and st.owner != self.owner]
-        if expiries:
-            self.metrics.inc("lease_waits", len(expiries))
-            wait_s = min((max(expiries) - now) / 1e9, self.s.claim_duration_s) + 0.05
-            await asyncio.sleep(wait_s)
 
     def _put_state(self, st: ClaimState, view: dict[str, ClaimState], writer: GroupedWriter) -> None:
         view[st.identity] = st
@@ -376,16 +378,13 @@ class TurnRunner:
                 writer.add(emit.topic, emit.value, key=emit.key)
             if it.outcome is not None and it.event is not None and it.event.origin:
                 await self._schedule_feedback(it, writer)
-            if it.park_until_ns is not None and it.event is not None:
-                retry = dataclasses.replace(it.event, attempt=it.attempt_next)
-                writer.add(self._delay_topic, encode_transition(retry), key=it.record.key,
-                           partition=self.partition,
-                           headers=[(DUE_HEADER, str(it.park_until_ns).encode())])
             it.state = it.state.release(fence=it.state.fence, expected_revision=it.state.revision)
             self._put_state(it.state, view, writer)
         for it in batch.items:
             if it.dead is not None:
                 self._dead_letter(it, writer)
+            if it.park_until_ns is not None and it.event is not None:
+                self._park(it, writer)
 
     async def _schedule_feedback(self, it: Item, writer: GroupedWriter) -> None:
         """Report a scheduled occurrence's attempt to its catalog (in the same transaction)."""
@@ -414,6 +413,15 @@ class TurnRunner:
         elapsed_ms = (time.perf_counter() - batch.started) * 1000
         for _ in batch.items:
             self.metrics.observe("turn_ms", elapsed_ms)
+
+    def _park(self, it: Item, writer: GroupedWriter) -> None:
+        """Write the item to the delay topic, due at ``park_until_ns`` (same key and partition)."""
+        assert it.event is not None and it.park_until_ns is not None
+        event = it.event if it.attempt_next == it.event.attempt else dataclasses.replace(
+            it.event, attempt=it.attempt_next)
+        writer.add(self._delay_topic, encode_transition(event), key=it.record.key, partition=self.partition,
+                   headers=[(DUE_HEADER, str(it.park_until_ns).encode())])
+        self.metrics.inc("parked")
 
     def _dead_letter(self, it: Item, writer: GroupedWriter) -> None:
         assert it.dead is not None

@@ -37,6 +37,9 @@ from .turn import DUE_HEADER, TurnRunner
 
 log = logging.getLogger(__name__)
 
+SWEEP_DEADLINE_S = 0.005
+"""Time one intake round may spend moving due work (pages of at most 32) into partitions."""
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -309,7 +312,9 @@ class Worker:
     def _sweep(self) -> None:
         """Move due work into the partitions' queues, a bounded, fair page at a time."""
         now = time.time_ns()
-        for _ in range(4):  # a few pages per intake round, so a backlog drains without starving fetches
+        deadline = time.monotonic() + SWEEP_DEADLINE_S
+        # Pages until the deadline, so a backlog drains without starving fetches and heartbeats.
+        while time.monotonic() < deadline:
             page = self.due.sweep(now)
             for item in page:
                 runner = self.runners.get(item.partition)

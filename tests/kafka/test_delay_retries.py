@@ -72,3 +72,37 @@ async def test_long_retry_parks_and_returns_without_blocking(bootstrap: str, mak
     assert all(b[3] - a[3] >= 2.4 for a, b in itertools.pairwise(flaky))  # backoff honoured
     assert worker.metrics.counters.get("retries_parked") == 2
     assert worker.metrics.counters.get("executions") == 21
+
+
+async def test_future_due_time_waits_in_the_due_index(bootstrap: str, make_topic, unique) -> None:
+    topic = await make_topic("f", partitions=1)
+    app = App("t")
+    name = unique("s").replace("-", "_")
+    seen: dict[str, int] = {}
+
+    @external_command()
+    async def work(ctx: CommandContext, *, target: str) -> None:
+        seen[target] = time.time_ns()
+
+    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[work],
+                   claim_duration_s=5)
+    async def handle(turn: Turn) -> None:
+        await turn.commands.work(target=turn.event.target[0])
+
+    due = time.time_ns() + 3 * 10**9
+    await produce_events(bootstrap, topic, [make_event("due", "t", ["later"], due_ns=due)] +
+                         [make_event("due", "t", [f"now-{i}"]) for i in range(5)])
+    worker = Worker(app.schedulers[name], WorkerConfig(bootstrap=bootstrap))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        async def all_done() -> bool:
+            return len(seen) == 6
+
+        await wait_for(all_done, timeout=30, what="the deferred item")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+    assert seen["later"] >= due  # never before its due time
+    assert all(seen[f"now-{i}"] < due for i in range(5))  # and nothing waited behind it
+    assert worker.metrics.counters.get("deferred_until_due") == 1
