@@ -137,3 +137,34 @@ async def test_handler_limited_to_declared_commands(bootstrap: str, make_topic, 
     dead = await read_topic(bootstrap, sched.dead_letter_topic)
     assert sorted(dict(r.headers)["ss-kind"].decode() for r in dead) == ["terminal", "terminal"]
     assert worker.metrics.counters.get("executions") == 1
+
+
+async def test_logs_status_and_errors_never_carry_payloads(bootstrap: str, make_topic, unique,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from streamsched.codecs import json_dumps
+
+    caplog.set_level(logging.DEBUG, logger="streamsched")
+    topic = await make_topic("red")
+    app = App("t")
+    name = unique("s").replace("-", "_")
+
+    @external_command()
+    async def leak(ctx: CommandContext, *, secret: str) -> None:
+        raise RuntimeError(f"failed for {secret}")  # a careless handler puts data in its message
+
+    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[leak],
+                   claim_duration_s=5)
+    async def handle(turn: Turn) -> None:
+        await turn.commands.leak(secret=SECRET)
+
+    sched = app.schedulers[name]
+    await produce_events(bootstrap, topic, [make_event("due", SECRET, ["x"], payload={"k": SECRET})])
+    async with running(sched, bootstrap) as worker:
+        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+    assert worker.metrics.last_error is not None and worker.metrics.last_error["type"] == "RuntimeError"
+    assert SECRET not in json_dumps(worker.metrics.snapshot()).decode()
+    assert SECRET not in caplog.text
+    dead = await read_topic(bootstrap, sched.dead_letter_topic)
+    assert [dict(r.headers)["ss-reason"] for r in dead] == [b"internal"]
