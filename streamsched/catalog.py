@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import enum
 import functools
 import time
@@ -274,31 +275,25 @@ class Catalog:
 
     # --- reads ----------------------------------------------------------------------------------
 
-    async def definitions(self) -> dict[str, Definition]:
-        out: dict[str, Definition] = {}
-        for rec in await read_topic(self.bootstrap, self.definitions_topic):
+    async def _latest(self, topic: str, codec: AvroCodec) -> dict[str, dict[str, Any]]:
+        """The latest decodable record per key of a compacted topic (tombstones delete)."""
+        out: dict[str, dict[str, Any]] = {}
+        for rec in await read_topic(self.bootstrap, topic):
             key = rec.key.decode() if rec.key else ""
             if rec.value is None:
                 out.pop(key, None)
                 continue
-            try:
-                out[key] = Definition.from_record(DEFINITION_CODEC.decode(rec.value))
-            except DecodeError:
-                continue
+            with contextlib.suppress(DecodeError):
+                out[key] = codec.decode(rec.value)
         return out
 
+    async def definitions(self) -> dict[str, Definition]:
+        raw = await self._latest(self.definitions_topic, DEFINITION_CODEC)
+        return {k: Definition.from_record(r) for k, r in raw.items()}
+
     async def states(self) -> dict[str, State]:
-        out: dict[str, State] = {}
-        for rec in await read_topic(self.bootstrap, self.state_topic):
-            key = rec.key.decode() if rec.key else ""
-            if rec.value is None:
-                out.pop(key, None)
-                continue
-            try:
-                out[key] = State.from_record(STATE_CODEC.decode(rec.value))
-            except DecodeError:
-                continue
-        return out
+        raw = await self._latest(self.state_topic, STATE_CODEC)
+        return {k: State.from_record(r) for k, r in raw.items()}
 
     async def list(self) -> builtins.list[ScheduleInfo]:
         defs, states = await self.definitions(), await self.states()

@@ -113,12 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = worker_config_from_env(resolve_bootstrap(args.bootstrap))
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        if _early_stop:
-            stop.set()
+        stop = _stop_on_signals()
         workers = [Worker(app.schedulers[n], config) for n in names]
         async with contextlib.AsyncExitStack() as stack:
             if args.status_port is not None:
@@ -133,10 +128,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         for w in workers:
             print(json.dumps(w.metrics.snapshot()), file=sys.stderr)
 
-    logging.basicConfig(level=os.environ.get("STREAMSCHED_LOG", "WARNING"),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _configure_logging()
     asyncio.run(main())
     return 0
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM/SIGINT (or by one that arrived while the process was starting)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if _early_stop:
+        stop.set()
+    return stop
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=os.environ.get("STREAMSCHED_LOG", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 
 # --- status ---------------------------------------------------------------------------------------
@@ -296,18 +306,12 @@ def _run_ticker(catalog: Any) -> int:
                           heartbeat_interval_ms=wc.heartbeat_interval_ms)
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        if _early_stop:
-            stop.set()
+        stop = _stop_on_signals()
         ticker = Ticker(catalog, config)
         await ticker.run(stop)
         print(json.dumps(ticker.metrics.snapshot()), file=sys.stderr)
 
-    logging.basicConfig(level=os.environ.get("STREAMSCHED_LOG", "WARNING"),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _configure_logging()
     asyncio.run(main())
     return 0
 

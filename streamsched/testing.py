@@ -7,20 +7,25 @@ tests can SIGKILL / SIGSTOP them, and waiting is always a polled condition with 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .codecs import TransitionEvent, encode_transition, json_dumps
 from .identity import route_key
 from .names import internal_topic
 from .ops import group_lag
+
+if TYPE_CHECKING:
+    from .app import SchedulerDef
+    from .worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,6 +88,21 @@ async def produce_events(bootstrap: str, topic: str, events: Iterable[Transition
     finally:
         await producer.stop()
     return n
+
+
+@contextlib.asynccontextmanager
+async def running_worker(scheduler: SchedulerDef, bootstrap: str, **config: Any) -> AsyncIterator[Worker]:
+    """An in-process :class:`Worker` for the duration of the block, stopped cleanly after."""
+    from .worker import Worker, WorkerConfig
+
+    worker = Worker(scheduler, WorkerConfig(bootstrap=bootstrap, **{"session_timeout_ms": 6000, **config}))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield worker
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
 
 
 class WorkerProcess:

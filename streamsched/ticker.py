@@ -43,6 +43,7 @@ from .metrics import Metrics
 from .ops import read_partition
 from .produce import GroupedWriter
 from .specs import At, plan_catch_up
+from .worker import finish_or_cancel
 
 log = logging.getLogger(__name__)
 
@@ -301,12 +302,7 @@ class PartitionTicker:
     async def stop(self, deadline_s: float = 10.0) -> None:
         self.stopping = True
         self.wake.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.task), deadline_s)
-        except Exception:  # noqa: BLE001 - past the deadline or failed: cancel either way
-            self.task.cancel()
-            with contextlib.suppress(BaseException):
-                await self.task
+        await finish_or_cancel(self.task, deadline_s)
         for client in (self.producer, self.feedback):
             if client is not None:
                 with contextlib.suppress(Exception):

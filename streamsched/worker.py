@@ -61,6 +61,16 @@ class WorkerConfig:
     """Under load, offsets ride in a transaction at most this often (always when idle)."""
 
 
+async def finish_or_cancel(task: asyncio.Task[None], deadline_s: float) -> None:
+    """Let ``task`` finish within ``deadline_s`` (it was asked to stop), else cancel it."""
+    try:
+        await asyncio.wait_for(asyncio.shield(task), deadline_s)
+    except Exception:  # noqa: BLE001 - past the deadline or failed: cancel either way
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+
 class PartitionRunner:
     """Owns one assigned partition: its fenced producer, its state and its turn loop."""
 
@@ -140,12 +150,7 @@ class PartitionRunner:
         """Finish the batch in hand within ``deadline_s``, else cancel it; never commit after."""
         self.stopping = True
         self.wake.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.task), deadline_s)
-        except Exception:  # noqa: BLE001 - past the deadline or failed: cancel either way
-            self.task.cancel()
-            with contextlib.suppress(BaseException):
-                await self.task
+        await finish_or_cancel(self.task, deadline_s)
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.producer.stop(), 10)

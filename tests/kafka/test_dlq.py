@@ -9,8 +9,7 @@ import json
 import os
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +29,8 @@ from streamsched.identity import business_identity, route_key
 from streamsched.limits import MAX_DEAD_LETTER_BYTES
 from streamsched.ops import group_lag, read_topic
 from streamsched.retries import Terminal
-from streamsched.testing import make_event, wait_drained, wait_for
+from streamsched.testing import make_event, running_worker, wait_drained, wait_for
 from streamsched.topics import TopicSpec, apply
-from streamsched.worker import Worker, WorkerConfig
 
 pytestmark = [pytest.mark.kafka, pytest.mark.dlq]
 
@@ -45,16 +43,7 @@ OVERSIZE = 300 * 1024 + 17
 # --- helpers ------------------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def running(sched: SchedulerDef, bootstrap: str) -> AsyncIterator[Worker]:
-    worker = Worker(sched, WorkerConfig(bootstrap=bootstrap, session_timeout_ms=6000))
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        yield worker
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
+running = running_worker
 
 
 def poison_app(topic: str, name: str, calls: list[CommandContext], *, secret: str = "") -> SchedulerDef:

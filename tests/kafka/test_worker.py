@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import pytest
 
 from streamsched import App, CommandContext, Emit, Selection, Turn, external_command, kafka_command
@@ -15,23 +11,13 @@ from streamsched.codecs import AvroCodec, encode_transition
 from streamsched.identity import business_identity
 from streamsched.ops import read_topic
 from streamsched.state import CLAIM_CODEC
-from streamsched.testing import make_event, produce_events, wait_drained
-from streamsched.worker import Worker, WorkerConfig
+from streamsched.testing import make_event, produce_events, running_worker, wait_drained
 
 pytestmark = pytest.mark.kafka
 SECRET = "tenant-secret-4f1c"
 
 
-@asynccontextmanager
-async def running(sched: SchedulerDef, bootstrap: str) -> AsyncIterator[Worker]:
-    worker = Worker(sched, WorkerConfig(bootstrap=bootstrap, session_timeout_ms=6000))
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        yield worker
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
+running = running_worker
 
 
 def external_app(topic: str, name: str, calls: list[CommandContext]) -> SchedulerDef:
