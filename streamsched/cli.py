@@ -93,6 +93,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
             derived.append(TopicSpec(sched.state_topic, base.partitions, base.replication, "state"))
             derived.append(TopicSpec(sched.dead_letter_topic, base.partitions, base.replication,
                                      "dead_letter"))
+            derived.append(TopicSpec(sched.delay_topic, base.partitions, base.replication, "delay"))
         more = asyncio.run(apply(bootstrap, derived))
         report.created += more.created
         report.unchanged += more.unchanged
