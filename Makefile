@@ -32,6 +32,7 @@ demo: venv jars
 
 bench: venv jars
 	$(BIN)/python bench/turns.py
+	$(BIN)/python bench/schedules.py
 
 broker-start: venv jars
 	$(BIN)/streamsched broker start
