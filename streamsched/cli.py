@@ -261,6 +261,13 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         if args.action == "add":
+            from .names import validate_name
+            from .specs import parse_spec
+
+            # Refuse bad input before touching the cluster.
+            validate_name(args.name, "schedule")
+            validate_name(args.target, "topic")
+            parse_spec(args.spec, timezone=args.timezone)
             await catalog.ensure_topics()
             payload = json.loads(args.payload) if args.payload else None
             d = await catalog.schedule(args.name, args.spec, args.target, payload,
@@ -406,6 +413,15 @@ def main(argv: list[str] | None = None) -> int:
     except StreamschedError as exc:
         print(f"streamsched: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        from aiokafka.errors import KafkaError
+
+        if isinstance(exc, KafkaError | OSError):
+            # Only the error type: messages can carry broker-side detail we do not vouch for.
+            print(f"streamsched: Kafka is unreachable or refused the request ({type(exc).__name__})",
+                  file=sys.stderr)
+            return 3
+        raise
 
 
 if __name__ == "__main__":
