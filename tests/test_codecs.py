@@ -18,6 +18,7 @@ from typing import Any
 import avro.io
 import avro.schema
 import pytest
+from avro_strategies import INT64, avro_values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -148,8 +149,6 @@ def _reason(call: Callable[[], object]) -> str:
 
 # --- strategies --------------------------------------------------------------------------------
 
-INT32 = st.integers(-(2**31), 2**31 - 1)
-INT64 = st.integers(-(2**63), 2**63 - 1)
 TEXT = st.text(max_size=24)
 
 json_values = st.recursive(
@@ -159,34 +158,8 @@ json_values = st.recursive(
 )
 
 
-def _strategy(schema: Any, named: dict[str, Any]) -> st.SearchStrategy[Any]:
-    """Values of an (fastavro-parsed) Avro schema; arrays stay within every codec bound."""
-    if isinstance(schema, list):
-        return st.one_of([_strategy(branch, named) for branch in schema])
-    if isinstance(schema, str):
-        if schema in named:
-            return _strategy(named[schema], named)
-        schema = {"type": schema}
-    kind = schema["type"]
-    if kind == "record":
-        return st.fixed_dictionaries({f["name"]: _strategy(f["type"], named) for f in schema["fields"]})
-    if kind == "enum":
-        return st.sampled_from(schema["symbols"])
-    if kind == "array":
-        return st.lists(_strategy(schema["items"], named), max_size=MAX_TARGET_COMPONENTS)
-    return {
-        "null": st.none(),
-        "boolean": st.booleans(),
-        "int": INT32,
-        "long": INT64,
-        "string": TEXT,
-        "bytes": st.binary(max_size=48),
-    }[kind]
-
-
 def records(name: str) -> st.SearchStrategy[dict[str, Any]]:
-    schema = codecs._parsed_schema(name)
-    return _strategy(schema, schema["__named_schemas"])
+    return avro_values(name, text=TEXT)
 
 
 transition_events = st.builds(

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from avro_strategies import avro_values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamsched import codecs
 from streamsched.codecs import MAGIC, SCHEMA_IDS, decode_transition, get_codec, json_loads
 from streamsched.errors import DecodeError
-from streamsched.limits import MAX_RECORD_BYTES, MAX_TARGET_COMPONENTS
+from streamsched.limits import MAX_RECORD_BYTES
 
 pytestmark = pytest.mark.fuzz
 
@@ -49,33 +49,9 @@ def _zigzag(n: int) -> bytes:
     return bytes(out)
 
 
-def _values(schema: Any, named: dict[str, Any]) -> st.SearchStrategy[Any]:
-    if isinstance(schema, list):
-        return st.one_of([_values(branch, named) for branch in schema])
-    if isinstance(schema, str):
-        if schema in named:
-            return _values(named[schema], named)
-        schema = {"type": schema}
-    kind = schema["type"]
-    if kind == "record":
-        return st.fixed_dictionaries({f["name"]: _values(f["type"], named) for f in schema["fields"]})
-    if kind == "enum":
-        return st.sampled_from(schema["symbols"])
-    if kind == "array":
-        return st.lists(_values(schema["items"], named), max_size=MAX_TARGET_COMPONENTS)
-    return {
-        "null": st.none(),
-        "boolean": st.booleans(),
-        "int": st.integers(-(2**31), 2**31 - 1),
-        "long": st.integers(-(2**63), 2**63 - 1),
-        "string": st.text(max_size=16),
-        "bytes": st.sampled_from([b"", b"{}", b"[1,2]", b'{"a":"b"}', b"\xff"]) | st.binary(max_size=16),
-    }[kind]
-
-
 def _valid(name: str) -> st.SearchStrategy[bytes]:
-    schema = codecs._parsed_schema(name)
-    return _values(schema, schema["__named_schemas"]).map(get_codec(name).encode)
+    payloads = st.sampled_from([b"", b"{}", b"[1,2]", b'{"a":"b"}', b"\xff"]) | st.binary(max_size=16)
+    return avro_values(name, text=st.text(max_size=16), binary=payloads).map(get_codec(name).encode)
 
 
 valid_encodings = st.one_of([_valid(n) for n in NAMES])
