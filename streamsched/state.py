@@ -9,7 +9,6 @@ of a fenced owner are never seen and the latest committed snapshot of each ident
 from __future__ import annotations
 
 import logging
-import time
 
 from .claims import ClaimState, ClaimStatus, OutcomeKind
 from .codecs import MAGIC, SCHEMA_IDS, AvroCodec
@@ -95,36 +94,14 @@ class PartitionState:
         self.restored_records += 1
 
 
-async def restore(bootstrap: str, topic: str, partition: int, *, timeout_s: float = 120.0,
-                  client_options: dict[str, object] | None = None) -> PartitionState:
+async def restore(bootstrap: str, topic: str, partition: int, *, timeout_s: float = 120.0) -> PartitionState:
     """Read ``topic[partition]`` to its end and return the recovered state."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from .ops import read_partition
 
     state = PartitionState(partition)
-    tp = TopicPartition(topic, partition)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-        max_partition_fetch_bytes=4 * 1024 * 1024,
-        **(client_options or {}),
-    )
-    await consumer.start()
-    try:
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        deadline = time.monotonic() + timeout_s
-        while await consumer.position(tp) < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"state restore of {topic}[{partition}] did not reach offset {end}")
-            batch = await consumer.getmany(tp, timeout_ms=500, max_records=5000)
-            for rec in batch.get(tp, ()):
-                state.apply_record(rec.value, rec.key)
-    finally:
-        await consumer.stop()
+    records, _ = await read_partition(bootstrap, topic, partition, timeout_s=timeout_s)
+    for rec in records:
+        state.apply_record(rec.value, rec.key)
     log.debug("restored %s[%d]: %d records, %d identities", topic, partition,
               state.restored_records, len(state.claims))
     return state

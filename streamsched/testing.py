@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .codecs import TransitionEvent, encode_transition, json_dumps
 from .identity import route_key
@@ -26,6 +26,12 @@ from .ops import group_lag
 if TYPE_CHECKING:
     from .app import SchedulerDef
     from .worker import Worker
+
+class _Service(Protocol):
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+S = TypeVar("S", bound=_Service)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,18 +97,24 @@ async def produce_events(bootstrap: str, topic: str, events: Iterable[Transition
 
 
 @contextlib.asynccontextmanager
-async def running_worker(scheduler: SchedulerDef, bootstrap: str, **config: Any) -> AsyncIterator[Worker]:
-    """An in-process :class:`Worker` for the duration of the block, stopped cleanly after."""
-    from .worker import Worker, WorkerConfig
-
-    worker = Worker(scheduler, WorkerConfig(bootstrap=bootstrap, **{"session_timeout_ms": 6000, **config}))
+async def running(service: S) -> AsyncIterator[S]:
+    """Run ``service.run(stop)`` (a Worker or a Ticker) for the block, then stop it cleanly."""
     stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
+    task = asyncio.create_task(service.run(stop))
     try:
-        yield worker
+        yield service
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+
+
+def running_worker(scheduler: SchedulerDef, bootstrap: str,
+                   **config: Any) -> contextlib.AbstractAsyncContextManager[Worker]:
+    """An in-process :class:`Worker` for the duration of the block, stopped cleanly after."""
+    from .worker import Worker, WorkerConfig
+
+    return running(Worker(scheduler, WorkerConfig(bootstrap=bootstrap,
+                                                  **{"session_timeout_ms": 6000, **config})))
 
 
 class WorkerProcess:

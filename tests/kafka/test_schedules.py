@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 
@@ -15,7 +15,7 @@ from streamsched.codecs import decode_transition
 from streamsched.errors import InvalidName, InvalidSpec, ReservedName
 from streamsched.ops import read_topic
 from streamsched.retries import Terminal
-from streamsched.testing import wait_for
+from streamsched.testing import running, wait_for
 from streamsched.ticker import Ticker, TickerConfig
 from streamsched.worker import Worker, WorkerConfig
 
@@ -32,16 +32,9 @@ class Clock:
         return self.now
 
 
-@asynccontextmanager
-async def ticking(catalog: Catalog, clock: Clock) -> AsyncIterator[Ticker]:
-    ticker = Ticker(catalog, TickerConfig(bootstrap=catalog.bootstrap, clock=clock, session_timeout_ms=6000))
-    stop = asyncio.Event()
-    task = asyncio.create_task(ticker.run(stop))
-    try:
-        yield ticker
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
+def ticking(catalog: Catalog, clock: Clock) -> AbstractAsyncContextManager[Ticker]:
+    return running(Ticker(catalog, TickerConfig(bootstrap=catalog.bootstrap, clock=clock,
+                                                session_timeout_ms=6000)))
 
 
 async def occurrences(bootstrap: str, topic: str) -> list[str]:
