@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 jars: venv
-	$(BIN)/python -c "from streamsched.broker import ensure_jars; print('kafka jars:', ensure_jars())"
+	$(BIN)/python -c "from streamsched.ops.broker import ensure_jars; print('kafka jars:', ensure_jars())"
 
 lint: venv
 	$(BIN)/ruff check streamsched tests consumers bench scripts

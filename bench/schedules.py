@@ -24,11 +24,11 @@ import fastavro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streamsched.broker import LocalCluster
-from streamsched.catalog import Catalog
-from streamsched.codecs import _parsed_schema
-from streamsched.ticker import Ticker, TickerConfig
-from streamsched.topics import TopicSpec, apply
+from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.ops.broker import LocalCluster
+from streamsched.schedules.catalog import Catalog
+from streamsched.schedules.ticker import Ticker, TickerConfig
+from streamsched.wire.avro import _parsed_schema
 
 
 async def main(bootstrap: str, schedules: int, seconds: float) -> dict[str, object]:

@@ -24,12 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
-from streamsched.broker import LocalCluster
-from streamsched.codecs import encode_transition
+from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.metrics import Metrics
+from streamsched.ops.broker import LocalCluster
 from streamsched.testing import make_event, produce_events, wait_drained
-from streamsched.topics import TopicSpec, apply
-from streamsched.worker import Worker, WorkerConfig
+from streamsched.wire.transition import encode_transition
+from streamsched.worker.intake import Worker, WorkerConfig
 
 
 async def make_topic(bootstrap: str, partitions: int, n: int) -> str:

@@ -12,14 +12,16 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamsched.claims import ClaimState, ClaimStatus
-from streamsched.codecs import TransitionEvent, decode_transition, json_loads
-from streamsched.identity import IdentityParts, business_identity
-from streamsched.names import internal_topic
-from streamsched.ops import group_lag, read_topic
-from streamsched.state import CLAIM_CODEC
+from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.kafka.reads import group_lag, read_topic
+from streamsched.model.claims import ClaimState, ClaimStatus
+from streamsched.model.event import TransitionEvent
+from streamsched.model.identity import IdentityParts, business_identity
+from streamsched.model.jsonval import json_loads
+from streamsched.model.names import internal_topic
 from streamsched.testing import make_event, produce_events
-from streamsched.topics import TopicSpec, apply
+from streamsched.wire.claim import CLAIM_CODEC
+from streamsched.wire.transition import decode_transition
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from consumers.harness import Audit, Workflow, audit, build_events, produce  # noqa: E402
-from streamsched.broker import LocalCluster  # noqa: E402
-from streamsched.ops import group_lag  # noqa: E402
+from streamsched.kafka.reads import group_lag  # noqa: E402
+from streamsched.ops.broker import LocalCluster  # noqa: E402
 from streamsched.testing import WorkerProcess, wait_drained, wait_for  # noqa: E402
 
 DATA = ROOT / ".streamsched" / "demo"
@@ -36,7 +36,7 @@ ENV = {"STREAMSCHED_CLAIM_DURATION_S": "5", "STREAMSCHED_SESSION_TIMEOUT_MS": "3
 
 
 def cli(*args: str, bootstrap: str) -> str:
-    cmd = [sys.executable, "-m", "streamsched.cli", *args, "--bootstrap", bootstrap]
+    cmd = [sys.executable, "-m", "streamsched", *args, "--bootstrap", bootstrap]
     return subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -94,9 +94,9 @@ async def demo(bootstrap: str) -> list[tuple[str, Audit]]:
 
 async def schedule_demo(bootstrap: str, env: dict[str, str], logs: Path) -> None:
     """A durable schedule firing into the `reports` scheduler, and its history."""
-    from streamsched.catalog import Catalog
-    from streamsched.codecs import json_loads
-    from streamsched.ops import read_topic
+    from streamsched.kafka.reads import read_topic
+    from streamsched.model.jsonval import json_loads
+    from streamsched.schedules.catalog import Catalog
 
     print(cli("topics", "apply", "--app", "consumers.reports:app", bootstrap=bootstrap))
     catalog = Catalog(bootstrap, "demo", partitions=2)

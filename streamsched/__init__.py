@@ -13,7 +13,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .app import (
+    from streamsched.errors import StreamschedError
+    from streamsched.model.event import TransitionEvent
+    from streamsched.worker.app import (
         App,
         CommandContext,
         Emit,
@@ -24,15 +26,14 @@ if TYPE_CHECKING:
         external_command,
         kafka_command,
     )
-    from .codecs import TransitionEvent
-    from .errors import StreamschedError
-    from .worker import Worker, WorkerConfig
+    from streamsched.worker.intake import Worker, WorkerConfig
 
 _EXPORTS = {
-    "App": "app", "CommandContext": "app", "Emit": "app", "ExternalCommand": "app",
-    "KafkaCommand": "app", "Selection": "app", "Turn": "app", "external_command": "app",
-    "kafka_command": "app", "TransitionEvent": "codecs", "StreamschedError": "errors",
-    "Worker": "worker", "WorkerConfig": "worker",
+    "App": "worker.app", "CommandContext": "worker.app", "Emit": "worker.app",
+    "ExternalCommand": "worker.app", "KafkaCommand": "worker.app", "Selection": "worker.app",
+    "Turn": "worker.app", "external_command": "worker.app", "kafka_command": "worker.app",
+    "TransitionEvent": "model.event", "StreamschedError": "errors",
+    "Worker": "worker.intake", "WorkerConfig": "worker.intake",
 }
 
 __all__ = [

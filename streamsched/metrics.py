@@ -10,7 +10,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .errors import StreamschedError
+from streamsched.errors import StreamschedError
 
 MAX_KEYS = 128
 MAX_SAMPLES = 4096
@@ -27,16 +27,19 @@ class Metrics:
         self.started_ns = time.time_ns()
         self.samples: dict[str, deque[float]] = {}
 
-    def inc(self, name: str, n: int = 1) -> None:
+    def inc(self, name: str, n: int = 1, **labels: str) -> None:
+        name = _key(name, labels)
         if name in self.counters or len(self.counters) < MAX_KEYS:
             self.counters[name] = self.counters.get(name, 0) + n
 
-    def set_gauge(self, name: str, value: float) -> None:
+    def set_gauge(self, name: str, value: float, **labels: str) -> None:
+        name = _key(name, labels)
         if name in self.gauges or len(self.gauges) < MAX_KEYS:
             self.gauges[name] = value
 
-    def observe(self, name: str, value: float) -> None:
+    def observe(self, name: str, value: float, **labels: str) -> None:
         """Keep the latest MAX_SAMPLES observations of ``name`` (for percentiles)."""
+        name = _key(name, labels)
         ring = self.samples.get(name)
         if ring is None:
             if len(self.samples) >= MAX_KEYS:
@@ -54,9 +57,14 @@ class Metrics:
     def error(self, exc: BaseException) -> None:
         kind = exc.kind if isinstance(exc, StreamschedError) else "internal"
         self.last_error = {"type": type(exc).__name__, "kind": kind, "at_ns": time.time_ns()}
-        self.inc(f"errors_{kind}")
+        self.inc("errors", kind=kind)
 
     def snapshot(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler, "counters": dict(self.counters),
                 "gauges": dict(self.gauges), "last_error": self.last_error,
                 "started_ns": self.started_ns}
+
+
+def _key(name: str, labels: dict[str, str]) -> str:
+    # Interim flat encoding of labels (name_value...), kept until the Prometheus-backed store.
+    return "_".join([name, *(labels[k] for k in sorted(labels))]) if labels else name

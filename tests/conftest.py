@@ -9,16 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from streamsched.broker import LocalCluster
-from streamsched.topics import TopicSpec, apply
+from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.ops.broker import LocalCluster
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Every test under tests/kafka and tests/crash needs the broker: mark them so `-m "not kafka"`
-    # runs the pure suite alone.
+    # A test that takes the session broker needs Kafka: mark it so `-m "not kafka"` runs the
+    # pure suite alone (tests that start their own cluster mark themselves).
     for item in items:
-        parts = Path(str(item.fspath)).parts
-        if "kafka" in parts or "crash" in parts:
+        if "bootstrap" in getattr(item, "fixturenames", ()) or "crash" in Path(str(item.fspath)).parts:
             item.add_marker(pytest.mark.kafka)
 
 

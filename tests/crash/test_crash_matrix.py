@@ -16,7 +16,7 @@ import pytest
 
 from consumers.harness import Workflow, audit, build_events, create_topics, produce, unresolved_below_commit
 from streamsched.failpoints import POINTS
-from streamsched.ops import group_lag
+from streamsched.kafka.reads import group_lag
 from streamsched.testing import WorkerProcess, wait_drained
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]

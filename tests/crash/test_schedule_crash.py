@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from streamsched.catalog import Catalog
-from streamsched.codecs import decode_transition
-from streamsched.ops import read_topic
+from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.kafka.reads import read_topic
+from streamsched.schedules.catalog import Catalog
 from streamsched.testing import WorkerProcess, wait_for
-from streamsched.topics import TopicSpec, apply
+from streamsched.wire.transition import decode_transition
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.schedules]
 ENV = {"STREAMSCHED_SESSION_TIMEOUT_MS": "3000", "STREAMSCHED_HEARTBEAT_MS": "500"}

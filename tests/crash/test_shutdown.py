@@ -17,8 +17,8 @@ from consumers.harness import (
     produce,
     unresolved_below_commit,
 )
-from streamsched.claims import ClaimStatus
-from streamsched.ops import group_lag
+from streamsched.kafka.reads import group_lag
+from streamsched.model.claims import ClaimStatus
 from streamsched.testing import WorkerProcess, wait_drained, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.shutdown]

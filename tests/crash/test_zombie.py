@@ -15,8 +15,8 @@ import pytest
 
 from consumers.harness import Workflow, audit, build_events, claim_history, create_topics, produce
 from consumers.ledger import Ledger
-from streamsched.claims import ClaimStatus
-from streamsched.ops import group_lag
+from streamsched.kafka.reads import group_lag
+from streamsched.model.claims import ClaimStatus
 from streamsched.testing import WorkerProcess, wait_drained, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.zombie]

@@ -8,8 +8,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ProducerFenced
 
-from streamsched.broker import KAFKA_VERSION
-from streamsched.ops import read_topic
+from streamsched.kafka.reads import read_topic
+from streamsched.ops.broker import KAFKA_VERSION
 
 pytestmark = pytest.mark.kafka
 
@@ -33,7 +33,7 @@ async def test_transaction_commit_abort_and_offsets(bootstrap: str, make_topic, 
         await p.abort_transaction()
     finally:
         await p.stop()
-    values = [r.value for r in await read_topic(bootstrap, topic, read_committed=True)]
+    values = [r.value for r in await read_topic(bootstrap, topic)]
     assert values == [b"committed"]  # exactly once: Kafka 4.1.1 returned it twice here
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     await c.start()

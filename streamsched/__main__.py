@@ -1,0 +1,3 @@
+from streamsched.ops.cli import main
+
+raise SystemExit(main())

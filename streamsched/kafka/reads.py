@@ -1,0 +1,103 @@
+"""Read-side operations on a cluster: offsets, lag and reading topics, for the CLI and tests."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from streamsched.kafka import clients
+
+
+@dataclass(frozen=True)
+class Lag:
+    committed: dict[int, int]
+    end: dict[int, int]
+
+    @property
+    def total(self) -> int:
+        return sum(max(0, self.end[p] - self.committed.get(p, 0)) for p in self.end)
+
+
+async def group_lag(bootstrap: str, group: str, topic: str) -> Lag:
+    """Committed offsets of ``group`` versus the last stable offsets of ``topic``.
+
+    The end is read under read_committed, so trailing transaction markers do not count as lag.
+    """
+    from aiokafka import TopicPartition
+
+    consumer = clients.consumer(bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            await consumer._client.force_metadata_update()
+            parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        end = await consumer.end_offsets(tps)
+        committed = {}
+        for tp in tps:
+            c = await consumer.committed(tp)
+            committed[tp.partition] = int(c) if c is not None else 0
+        return Lag(committed=committed, end={tp.partition: int(end[tp]) for tp in tps})
+    finally:
+        await consumer.stop()
+
+
+async def read_topic(bootstrap: str, topic: str, *,
+                     timeout_s: float = 60.0, max_records: int = 1_000_000) -> list[Any]:
+    """Every record of ``topic`` from the beginning to its current end."""
+    from aiokafka import TopicPartition
+
+    consumer = clients.consumer(bootstrap)
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        await consumer._client.force_metadata_update()
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return out
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        for tp in tps:
+            while await consumer.position(tp) < end[tp]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading {topic} did not reach its end in {timeout_s}s")
+                batch = await consumer.getmany(tp, timeout_ms=500)
+                out.extend(batch.get(tp, ()))
+                if len(out) >= max_records:
+                    return out
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def read_partition(bootstrap: str, topic: str, partition: int, *, start: int | None = None,
+                         timeout_s: float = 120.0) -> tuple[list[Any], int]:
+    """Records of ``topic[partition]`` from ``start`` (default: the beginning) to its last
+    stable offset, and that end offset: a changelog restore under read_committed."""
+    from aiokafka import TopicPartition
+
+    tp = TopicPartition(topic, partition)
+    consumer = clients.consumer(bootstrap, max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        consumer.assign([tp])
+        if start is None:
+            await consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, start)
+        end = int((await consumer.end_offsets([tp]))[tp])
+        deadline = time.monotonic() + timeout_s
+        while await consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic}[{partition}] did not reach offset {end}")
+            batch = await consumer.getmany(tp, timeout_ms=500, max_records=5000)
+            out.extend(batch.get(tp, ()))
+        return out, end
+    finally:
+        await consumer.stop()

@@ -1,0 +1,161 @@
+"""The claim state machine: pure, no I/O.
+
+One :class:`ClaimState` exists per business identity; the worker persists every snapshot to the
+scheduler's compacted state topic keyed by the identity, so the latest record *is* the state.
+
+States and guarded transitions::
+
+    FREE ──acquire──▶ CLAIMED ──store_outcome──▶ OUTCOME_STORED ──release──▶ RELEASED
+                         │  └────────────release (no new outcome)────────────▶ │
+                         └◀──────────────acquire (expired lease / same owner)──┘
+
+Every transition demands the exact successor revision of the state it starts from
+(:class:`RevisionConflict` otherwise), and every write after ``acquire`` presents the fence it
+acquired (:class:`StaleFence` otherwise). ``acquire`` always mints ``fence + 1`` and
+``ordinal + 1``, so fencing tokens strictly increase per identity across owners and restarts as
+long as the state is restored before acquiring — the worker guarantees that by reading the state
+partition to its end before it starts a partition.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Any
+
+from streamsched.errors import IllegalTransition, LeaseHeld, RevisionConflict, StaleFence
+
+_MAX_COUNTER = 2**63 - 1
+
+
+class ClaimStatus(enum.Enum):
+    FREE = "FREE"
+    CLAIMED = "CLAIMED"
+    OUTCOME_STORED = "OUTCOME_STORED"
+    RELEASED = "RELEASED"
+
+
+class OutcomeKind(enum.Enum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the business command produced. ``digest`` is an opaque hash, never the result itself."""
+
+    kind: OutcomeKind
+    fence: int
+    at_ns: int
+    events: int = 0
+    digest: bytes = b""
+    error_kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimState:
+    """One immutable snapshot of an identity's claim; transitions return the successor."""
+
+    identity: str
+    status: ClaimStatus = ClaimStatus.FREE
+    owner: str = ""
+    fence: int = 0
+    lease_expires_ns: int = 0
+    ordinal: int = 0
+    revision: int = 0
+    outcome: Outcome | None = None
+
+    def lease_active(self, now_ns: int) -> bool:
+        """True while an owner holds the identity (claimed, or outcome stored but not released)."""
+        held = self.status in (ClaimStatus.CLAIMED, ClaimStatus.OUTCOME_STORED)
+        return held and now_ns < self.lease_expires_ns
+
+    def _guard_revision(self, expected_revision: int) -> None:
+        if expected_revision != self.revision:
+            raise RevisionConflict(self.identity, expected_revision, self.revision)
+        if self.revision >= _MAX_COUNTER:
+            raise IllegalTransition(self.identity, self.status.value, "advance (revision overflow)")
+
+    def _guard_fence(self, fence: int) -> None:
+        if fence != self.fence:
+            raise StaleFence(self.identity, fence, self.fence)
+
+    def acquire(self, *, owner: str, now_ns: int, duration_ns: int, expected_revision: int) -> ClaimState:
+        """A fresh fenced claim for the next delivery attempt.
+
+        An unexpired lease of *another* owner is honoured (:class:`LeaseHeld`); the same owner
+        may re-acquire (a redelivery inside one process). A stored outcome survives: the caller
+        then releases without executing again.
+        """
+        self._guard_revision(expected_revision)
+        if not owner:
+            raise IllegalTransition(self.identity, self.status.value, "acquire without an owner")
+        if duration_ns <= 0 or now_ns < 0:
+            raise IllegalTransition(self.identity, self.status.value, "acquire with a non-positive lease")
+        if self.lease_active(now_ns) and self.owner != owner:
+            raise LeaseHeld(self.identity, self.owner, self.lease_expires_ns)
+        if self.fence >= _MAX_COUNTER or self.ordinal >= _MAX_COUNTER:
+            raise IllegalTransition(self.identity, self.status.value, "acquire (fence overflow)")
+        return replace(
+            self,
+            status=ClaimStatus.CLAIMED,
+            owner=owner,
+            fence=self.fence + 1,
+            lease_expires_ns=now_ns + duration_ns,
+            ordinal=self.ordinal + 1,
+            revision=self.revision + 1,
+        )
+
+    def store_outcome(self, *, fence: int, expected_revision: int, outcome: Outcome) -> ClaimState:
+        """Record the business outcome under the current fence (only once per identity)."""
+        self._guard_revision(expected_revision)
+        if self.status is not ClaimStatus.CLAIMED:
+            raise IllegalTransition(self.identity, self.status.value, "store an outcome")
+        self._guard_fence(fence)
+        if self.outcome is not None:
+            raise IllegalTransition(self.identity, self.status.value, "store a second outcome")
+        if outcome.fence != fence:
+            raise StaleFence(self.identity, outcome.fence, fence)
+        return replace(self, status=ClaimStatus.OUTCOME_STORED, outcome=outcome,
+                       revision=self.revision + 1)
+
+    def release(self, *, fence: int, expected_revision: int) -> ClaimState:
+        """Give the claim up under the current fence; the outcome (if any) is kept."""
+        self._guard_revision(expected_revision)
+        if self.status not in (ClaimStatus.CLAIMED, ClaimStatus.OUTCOME_STORED):
+            raise IllegalTransition(self.identity, self.status.value, "release")
+        self._guard_fence(fence)
+        return replace(self, status=ClaimStatus.RELEASED, owner="", lease_expires_ns=0,
+                       revision=self.revision + 1)
+
+    # --- persistence shape (see schemas/claim.avsc) -------------------------------------------
+
+    def to_record(self) -> dict[str, Any]:
+        out = self.outcome
+        return {
+            "identity": self.identity,
+            "status": self.status.value,
+            "owner": self.owner,
+            "fence": self.fence,
+            "lease_expires_ns": self.lease_expires_ns,
+            "ordinal": self.ordinal,
+            "revision": self.revision,
+            "outcome": None if out is None else {
+                "kind": out.kind.value, "fence": out.fence, "at_ns": out.at_ns,
+                "events": out.events, "digest": out.digest, "error_kind": out.error_kind,
+            },
+        }
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> ClaimState:
+        raw = rec.get("outcome")
+        outcome = None
+        if raw is not None:
+            outcome = Outcome(kind=OutcomeKind(raw["kind"]), fence=int(raw["fence"]),
+                              at_ns=int(raw["at_ns"]), events=int(raw["events"]),
+                              digest=bytes(raw["digest"]), error_kind=raw.get("error_kind"))
+        return cls(identity=str(rec["identity"]), status=ClaimStatus(rec["status"]),
+                   owner=str(rec["owner"]), fence=int(rec["fence"]),
+                   lease_expires_ns=int(rec["lease_expires_ns"]), ordinal=int(rec["ordinal"]),
+                   revision=int(rec["revision"]), outcome=outcome)

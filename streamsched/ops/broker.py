@@ -1,0 +1,363 @@
+"""Local Apache Kafka runner: fetch the broker jars with Maven, format KRaft storage, start nodes.
+
+The project never depends on Docker: the broker is Apache Kafka's own jars from Maven Central,
+resolved once by ``mvn`` from a pinned pom into a cache directory and run on the machine's Java.
+A node is a combined broker+controller on loopback; :class:`LocalCluster` starts one or more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from streamsched.errors import BrokerError
+
+KAFKA_VERSION = "3.9.1"
+"""The pinned Apache Kafka version (see README "Why Kafka 3.9")."""
+
+DEFAULT_HEAP = "-Xmx512m"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("STREAMSCHED_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "streamsched"
+    )
+    return Path(root) / f"kafka-{KAFKA_VERSION}"
+
+
+def ensure_jars(*, quiet: bool = True) -> Path:
+    """Resolve the broker's runtime classpath with Maven once; later calls hit the cache."""
+    target = cache_dir()
+    lib = target / "lib"
+    marker = target / "resolved.ok"
+    if marker.exists() and any(lib.glob("kafka_2.13-*.jar")):
+        return lib
+    if shutil.which("mvn") is None:
+        raise BrokerError("mvn is not on PATH; it is needed once to fetch Kafka's jars")
+    target.mkdir(parents=True, exist_ok=True)
+    pom = resources.files("streamsched._kafka").joinpath("pom.xml").read_text()
+    (target / "pom.xml").write_text(pom.replace("@KAFKA_VERSION@", KAFKA_VERSION))
+    cmd = [
+        "mvn", "-B", "-q" if quiet else "-e",
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={lib}", "-DincludeScope=runtime",
+    ]
+    proc = subprocess.run(cmd, cwd=target, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-2000:]
+        raise BrokerError(f"mvn could not resolve Kafka {KAFKA_VERSION}: {tail}")
+    marker.write_text(KAFKA_VERSION + "\n")
+    return lib
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+_LOG4J = """\
+log4j.rootLogger=INFO, file
+log4j.appender.file=org.apache.log4j.RollingFileAppender
+log4j.appender.file.File=${kafka.logs.dir}/server.log
+log4j.appender.file.MaxFileSize=20MB
+log4j.appender.file.MaxBackupIndex=2
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.state.change.logger=WARN
+log4j.logger.org.apache.kafka.storage.internals.log=WARN
+log4j.logger.kafka.log=WARN
+"""
+
+
+@dataclass
+class NodeSpec:
+    node_id: int
+    port: int
+    controller_port: int
+    data_dir: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class LocalCluster:
+    """N combined broker+controller nodes on loopback, each a JVM child process.
+
+    ``extra_config`` is merged into every node's server.properties (e.g. SASL for ACL tests).
+    """
+
+    data_dir: Path
+    nodes: int = 1
+    port: int | None = None
+    heap: str = DEFAULT_HEAP
+    extra_config: dict[str, str] = field(default_factory=dict)
+    listener_scheme: str = "PLAINTEXT"
+    jaas_file: Path | None = None
+    specs: list[NodeSpec] = field(default_factory=list)
+    procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(s.bootstrap for s in self.specs)
+
+    def _plan(self) -> None:
+        state = self.data_dir / "cluster.json"
+        if state.exists():
+            saved = json.loads(state.read_text())
+            self.specs = [
+                NodeSpec(n["node_id"], n["port"], n["controller_port"], Path(n["data_dir"]))
+                for n in saved["nodes"]
+            ]
+            return
+        self.specs = []
+        for i in range(self.nodes):
+            port = self.port + i if (self.port and i == 0) else free_port()
+            if self.port and i > 0:
+                port = self.port + i
+            self.specs.append(NodeSpec(i + 1, port, free_port(), self.data_dir / f"node-{i + 1}"))
+
+    def _properties(self, spec: NodeSpec) -> str:
+        voters = ",".join(f"{s.node_id}@127.0.0.1:{s.controller_port}" for s in self.specs)
+        rf = min(3, len(self.specs))
+        scheme = self.listener_scheme
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(spec.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"{scheme}://127.0.0.1:{spec.port},CONTROLLER://127.0.0.1:{spec.controller_port}",
+            "advertised.listeners": f"{scheme}://127.0.0.1:{spec.port}",
+            "inter.broker.listener.name": scheme,
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{scheme}:{scheme}",
+            "log.dirs": str(spec.data_dir / "log"),
+            "num.partitions": "1",
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": str(rf),
+            "offsets.topic.num.partitions": "8",
+            "transaction.state.log.replication.factor": str(rf),
+            "transaction.state.log.min.isr": str(min(2, rf)),
+            "transaction.state.log.num.partitions": "8",
+            "default.replication.factor": str(rf),
+            "min.insync.replicas": str(min(2, rf)),
+            "group.initial.rebalance.delay.ms": "0",
+            # Tests use short sessions so a killed or paused worker is evicted quickly.
+            "group.min.session.timeout.ms": "1000",
+            "log.cleaner.enable": "true",
+            "log.cleaner.backoff.ms": "2000",
+            "log.segment.bytes": str(64 * 1024 * 1024),
+            "log.retention.check.interval.ms": "60000",
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "5000",
+            "transaction.remove.expired.transaction.cleanup.interval.ms": "60000",
+            "socket.request.max.bytes": str(64 * 1024 * 1024),
+            "unclean.leader.election.enable": "false",
+        }
+        props.update(self.extra_config)
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _format(self, spec: NodeSpec, lib: Path, cluster_id: str) -> None:
+        spec.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = spec.data_dir / "server.properties"
+        conf.write_text(self._properties(spec))
+        (spec.data_dir / "log4j.properties").write_text(_LOG4J)
+        if (spec.data_dir / "log" / "meta.properties").exists():
+            return
+        cmd = [_java(), "-Xmx256m", "-cp", f"{lib}/*", "kafka.tools.StorageTool",
+               "format", "-t", cluster_id, "-c", str(conf), "--ignore-formatted"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=self._env(spec))
+        if proc.returncode != 0:
+            raise BrokerError(f"kafka storage format failed: {(proc.stdout + proc.stderr)[-1500:]}")
+
+    def _env(self, spec: NodeSpec) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("KAFKA_OPTS", None)
+        return env
+
+    def _launch(self, spec: NodeSpec, lib: Path) -> subprocess.Popen[bytes]:
+        cmd = [_java(), self.heap, "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+               "-Djava.awt.headless=true",
+               f"-Dkafka.logs.dir={spec.data_dir}",
+               f"-Dlog4j.configuration=file:{spec.data_dir / 'log4j.properties'}"]
+        if self.jaas_file is not None:
+            cmd.append(f"-Djava.security.auth.login.config={self.jaas_file}")
+        cmd += ["-cp", f"{lib}/*", "kafka.Kafka", str(spec.data_dir / "server.properties")]
+        out = open(spec.data_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env=self._env(spec))
+        finally:
+            out.close()
+
+    def start(self, *, timeout: float = 90.0) -> str:
+        """Start every node (formatting storage on first use) and wait until metadata answers."""
+        lib = ensure_jars()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._plan()
+        state = self.data_dir / "cluster.json"
+        cluster_id = json.loads(state.read_text())["cluster_id"] if state.exists() else _cluster_id()
+        for spec in self.specs:
+            self._format(spec, lib, cluster_id)
+        for spec in self.specs:
+            self.start_node(spec.node_id, lib=lib)
+        self._save(cluster_id)
+        wait_ready(self.bootstrap, timeout=timeout, expect_brokers=len(self.specs),
+                   procs=list(self.procs.values()))
+        return self.bootstrap
+
+    def start_node(self, node_id: int, *, lib: Path | None = None) -> None:
+        spec = self._spec(node_id)
+        proc = self._launch(spec, lib or ensure_jars())
+        self.procs[node_id] = proc
+        (spec.data_dir / "pid").write_text(f"{proc.pid}\n")
+
+    def _spec(self, node_id: int) -> NodeSpec:
+        for spec in self.specs:
+            if spec.node_id == node_id:
+                return spec
+        raise BrokerError(f"no node {node_id} in this cluster")
+
+    def _save(self, cluster_id: str) -> None:
+        data = {
+            "cluster_id": cluster_id,
+            "kafka_version": KAFKA_VERSION,
+            "bootstrap": self.bootstrap,
+            "nodes": [
+                {"node_id": s.node_id, "port": s.port, "controller_port": s.controller_port,
+                 "data_dir": str(s.data_dir)}
+                for s in self.specs
+            ],
+        }
+        (self.data_dir / "cluster.json").write_text(json.dumps(data, indent=2))
+
+    def kill_node(self, node_id: int, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.get(node_id)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                proc.wait(timeout=60)
+
+    def stop(self, *, timeout: float = 30.0) -> None:
+        for spec in self.specs:
+            stop_pid_file(spec.data_dir / "pid", timeout=timeout)
+        self.procs.clear()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise BrokerError("java is not on PATH (Java 17 is required to run the local broker)")
+    return java
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def stop_pid_file(pid_file: Path, *, timeout: float = 30.0) -> bool:
+    """SIGTERM the node recorded in ``pid_file``; SIGKILL it past ``timeout``."""
+    if not pid_file.exists():
+        return False
+    pid = int(pid_file.read_text().strip() or 0)
+    if pid <= 0 or not _pid_alive(pid):
+        pid_file.unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _pid_alive(pid):
+        time.sleep(0.1)
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        while _pid_alive(pid):
+            time.sleep(0.05)
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
+def wait_ready(bootstrap: str, *, timeout: float = 90.0, expect_brokers: int = 1,
+               procs: list[subprocess.Popen[bytes]] | None = None) -> None:
+    """Poll cluster metadata until ``expect_brokers`` brokers answer, or raise BrokerError."""
+    asyncio.run(_wait_ready(bootstrap, timeout, expect_brokers, procs or []))
+
+
+async def _wait_ready(bootstrap: str, timeout: float, expect: int,
+                      procs: list[subprocess.Popen[bytes]]) -> None:
+    from aiokafka import AIOKafkaClient
+
+    # aiokafka logs every refused connection at ERROR; while the JVM boots those are expected.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise BrokerError(f"broker process exited with code {p.returncode}; see its server.log")
+        client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        try:
+            await client.bootstrap()
+            md = await client.fetch_all_metadata()
+            if len(md.brokers()) >= expect:
+                logging.getLogger("aiokafka").setLevel(logging.NOTSET)
+                return
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+            last = exc
+        finally:
+            await client.close()
+        await asyncio.sleep(0.3)
+    logging.getLogger("aiokafka").setLevel(logging.NOTSET)
+    raise BrokerError(f"broker at {bootstrap} not ready after {timeout:.0f}s ({type(last).__name__})")
+
+
+def status(data_dir: Path) -> dict[str, object]:
+    state = data_dir / "cluster.json"
+    if not state.exists():
+        return {"running": False, "data_dir": str(data_dir)}
+    saved = json.loads(state.read_text())
+    alive = []
+    for node in saved["nodes"]:
+        pid_file = Path(node["data_dir"]) / "pid"
+        pid = int(pid_file.read_text().strip()) if pid_file.exists() else 0
+        alive.append(pid > 0 and _pid_alive(pid))
+    return {"running": all(alive) and bool(alive), "nodes_alive": sum(alive),
+            "bootstrap": saved["bootstrap"], "kafka_version": saved["kafka_version"],
+            "data_dir": str(data_dir)}

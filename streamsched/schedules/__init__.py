@@ -1,0 +1,10 @@
+"""Durable schedules: the catalog client and the ticker that fires them.
+
+Lives here: ``catalog`` (schedule/unschedule/enable/disable/list/history over compacted
+topics) and ``ticker`` (the consumer-group member that fires and advances schedules
+atomically, on :mod:`streamsched.kafka.owner`).
+
+May import: ``model``, ``wire``, ``kafka``, ``errors``, ``metrics``, ``failpoints``. Never
+``streamsched.worker`` (the two meet only in ``model`` and ``wire``: the feedback a worker
+writes is a :mod:`streamsched.wire.schedule` record), never ``ops``.
+"""

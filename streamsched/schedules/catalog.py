@@ -1,0 +1,214 @@
+"""The durable schedule catalog: definitions, state and history in compacted Kafka topics.
+
+One catalog (default name ``default``) owns four co-partitioned topics::
+
+    __streamsched.schedules.<catalog>.definitions   compacted, key = schedule name
+    __streamsched.schedules.<catalog>.state         compacted, key = schedule name
+    __streamsched.schedules.<catalog>.history       compacted, key = <name>/<row mod 256>
+    __streamsched.schedules.<catalog>.feedback      delete, attempt results from target workers
+
+Every record of one schedule goes to partition ``murmur2(name) % partitions`` of each topic,
+so whoever owns that partition of the definitions topic (a member of the ticker group) owns the
+schedule: partition ownership plus the ticker's fenced transactional producer is the only lock.
+
+:class:`Catalog` is the client side: ``schedule`` upserts by name, ``unschedule`` deletes,
+``enable``/``disable`` advance the definition version (which makes the ticker reset the state),
+``list`` and ``history`` read the topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import functools
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from streamsched.errors import BoundExceeded, ConfigError, DecodeError
+from streamsched.kafka import clients
+from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.kafka.reads import read_topic
+from streamsched.kafka.writer import partition_for_key
+from streamsched.model.jsonval import json_dumps, json_loads
+from streamsched.model.limits import MAX_HISTORY_ROWS, MAX_PAYLOAD_BYTES
+from streamsched.model.names import internal_topic, validate_name
+from streamsched.model.schedule import Definition, HistoryRow, Policy, ScheduleInfo, State
+from streamsched.model.specs import parse_spec
+from streamsched.wire.avro import AvroCodec
+from streamsched.wire.schedule import DEFINITION_CODEC, HISTORY_CODEC, STATE_CODEC
+
+
+class Catalog:
+    """Client of one schedule catalog (see module docs)."""
+
+    def __init__(self, bootstrap: str, name: str = "default", *, partitions: int = 4,
+                 replication: int = 1) -> None:
+        self.bootstrap = bootstrap
+        self.name = validate_name(name, "catalog")
+        self.partitions = partitions
+        self.replication = replication
+
+    @functools.cached_property
+    def definitions_topic(self) -> str:
+        return internal_topic("schedules", self.name, "definitions")
+
+    @functools.cached_property
+    def state_topic(self) -> str:
+        return internal_topic("schedules", self.name, "state")
+
+    @functools.cached_property
+    def history_topic(self) -> str:
+        return internal_topic("schedules", self.name, "history")
+
+    @functools.cached_property
+    def feedback_topic(self) -> str:
+        return internal_topic("schedules", self.name, "feedback")
+
+    @functools.cached_property
+    def group(self) -> str:
+        return f"streamsched.schedules.{self.name}"
+
+    def topic_specs(self) -> list[TopicSpec]:
+        n, rf = self.partitions, self.replication
+        return [TopicSpec(self.definitions_topic, n, rf, kind="state"),
+                TopicSpec(self.state_topic, n, rf, kind="state"),
+                TopicSpec(self.history_topic, n, rf, kind="state"),
+                TopicSpec(self.feedback_topic, n, rf, kind="delay",
+                          config={"cleanup.policy": "delete", "retention.ms": str(7 * 86_400_000)})]
+
+    async def ensure_topics(self) -> None:
+        await apply(self.bootstrap, self.topic_specs())
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    async def _latest(self, topic: str, codec: AvroCodec) -> dict[str, dict[str, Any]]:
+        """The latest decodable record per key of a compacted topic (tombstones delete)."""
+        out: dict[str, dict[str, Any]] = {}
+        for rec in await read_topic(self.bootstrap, topic):
+            key = rec.key.decode() if rec.key else ""
+            if rec.value is None:
+                out.pop(key, None)
+                continue
+            with contextlib.suppress(DecodeError):
+                out[key] = codec.decode(rec.value)
+        return out
+
+    async def definitions(self) -> dict[str, Definition]:
+        raw = await self._latest(self.definitions_topic, DEFINITION_CODEC)
+        return {k: Definition.from_record(r) for k, r in raw.items()}
+
+    async def states(self) -> dict[str, State]:
+        raw = await self._latest(self.state_topic, STATE_CODEC)
+        return {k: State.from_record(r) for k, r in raw.items()}
+
+    async def list(self) -> builtins.list[ScheduleInfo]:
+        defs, states = await self.definitions(), await self.states()
+        return [ScheduleInfo(d, states.get(n)) for n, d in sorted(defs.items())]
+
+    async def history(self, name: str, *, limit: int = MAX_HISTORY_ROWS) -> builtins.list[HistoryRow]:
+        """The retained attempts of ``name`` (at most 256), oldest first."""
+        validate_name(name, "schedule")
+        rows: dict[str, tuple[int, HistoryRow]] = {}
+        prefix = f"{name}/".encode()
+        for rec in await read_topic(self.bootstrap, self.history_topic):
+            if not rec.key or not rec.key.startswith(prefix) or rec.value is None:
+                continue
+            try:
+                row = HistoryRow.from_record(HISTORY_CODEC.decode(rec.value))
+            except DecodeError:
+                continue
+            rows[rec.key.decode()] = (rec.offset, row)
+        ordered = [row for _, row in sorted(rows.values(), key=lambda t: t[0])]
+        return ordered[-limit:]
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    async def _write(self, name: str, value: bytes | None) -> None:
+        await self._write_many([(name, value)])
+
+    async def _write_many(self, records: builtins.list[tuple[str, bytes | None]]) -> None:
+
+        if not records:
+            return
+        producer = clients.producer(self.bootstrap)
+        await producer.start()
+        try:
+            futures = [await producer.send(self.definitions_topic, value, key=name.encode(),
+                                           partition=partition_for_key(name.encode(), self.partitions))
+                       for name, value in records]
+            await asyncio.gather(*futures)
+        finally:
+            await producer.stop()
+
+    async def schedule(self, name: str, spec: str, target: str, payload: object = None, *,
+                       event_type: str = "due", tenant: str = "", policy: Policy = "catch_up",
+                       timezone: str | None = None, enabled: bool = True) -> Definition:
+        """Create or replace the schedule ``name`` (upsert); a change advances its version."""
+        [defn] = await self.schedule_many([dict(name=name, spec=spec, target=target, payload=payload,
+                                                event_type=event_type, tenant=tenant, policy=policy,
+                                                timezone=timezone, enabled=enabled)])
+        return defn
+
+    async def schedule_many(self, items: Iterable[dict[str, Any]]) -> builtins.list[Definition]:
+        """Upsert several schedules (keyword arguments of :meth:`schedule` each) with one read
+        of the catalog; every item is validated before anything is written."""
+        current = await self.definitions()
+        planned: builtins.list[tuple[Definition, bool]] = []
+        for item in items:
+            defn = self._definition(current.get(item["name"]), **item)
+            old = current.get(defn.name)
+            unchanged = old is not None and replace(old, version=defn.version,
+                                                    created_ns=defn.created_ns) == defn
+            planned.append((old if unchanged and old is not None else defn, not unchanged))
+            current[defn.name] = planned[-1][0]
+        changed: builtins.list[tuple[str, bytes | None]] = [
+            (d.name, DEFINITION_CODEC.encode(d.to_record())) for d, new in planned if new]
+        await self._write_many(changed)
+        return [d for d, _ in planned]
+
+    def _definition(self, current: Definition | None, *, name: str, spec: str, target: str,
+                    payload: object = None, event_type: str = "due", tenant: str = "",
+                    policy: Policy = "catch_up", timezone: str | None = None,
+                    enabled: bool = True) -> Definition:
+        validate_name(name, "schedule")
+        validate_name(target, "topic")
+        validate_name(event_type, "event type")
+        if policy not in ("catch_up", "coalesce"):
+            raise ConfigError(f"policy must be 'catch_up' or 'coalesce', not {policy!r}")
+        parse_spec(spec, timezone=timezone)  # InvalidSpec with the reason
+        body = payload if isinstance(payload, bytes) else json_dumps({} if payload is None else payload)
+        json_loads(body)
+        if len(body) > MAX_PAYLOAD_BYTES:
+            raise BoundExceeded("schedule payload bytes", MAX_PAYLOAD_BYTES, len(body))
+        return Definition(name=name, spec=spec, target_topic=target, payload=body,
+                          version=(current.version + 1) if current else 1, enabled=enabled,
+                          policy=policy, created_ns=time.time_ns(), timezone=timezone,
+                          event_type=event_type, tenant=tenant)
+
+    async def unschedule(self, name: str) -> bool:
+        """Delete ``name``; True if it existed. Its ticker stops firing it."""
+        validate_name(name, "schedule")
+        if name not in await self.definitions():
+            return False
+        await self._write(name, None)
+        return True
+
+    async def _set_enabled(self, name: str, enabled: bool) -> bool:
+        validate_name(name, "schedule")
+        current = (await self.definitions()).get(name)
+        if current is None:
+            return False
+        defn = replace(current, enabled=enabled, version=current.version + 1, created_ns=time.time_ns())
+        await self._write(name, DEFINITION_CODEC.encode(defn.to_record()))
+        return True
+
+    async def enable(self, name: str) -> bool:
+        """Enable ``name``: advances the version and resets its state (no catch-up of the pause)."""
+        return await self._set_enabled(name, True)
+
+    async def disable(self, name: str) -> bool:
+        """Disable ``name``: advances the version; the ticker stops firing it."""
+        return await self._set_enabled(name, False)

@@ -1,0 +1,189 @@
+"""Helpers shared by the test suite, the demo and the benchmarks (real processes, real Kafka).
+
+Nothing here mocks Kafka: workers run as child processes of ``streamsched run`` so that crash
+tests can SIGKILL / SIGSTOP them, and waiting is always a polled condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from streamsched.kafka import clients
+from streamsched.kafka.reads import group_lag
+from streamsched.model.event import TransitionEvent
+from streamsched.model.identity import route_key
+from streamsched.model.jsonval import json_dumps
+from streamsched.model.names import internal_topic
+from streamsched.wire.transition import encode_transition
+
+if TYPE_CHECKING:
+    from streamsched.worker.app import SchedulerDef
+    from streamsched.worker.intake import Worker
+
+class _Service(Protocol):
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+S = TypeVar("S", bound=_Service)
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+async def wait_for(cond: Callable[[], Awaitable[bool]], *, timeout: float, interval: float = 0.25,
+                   what: str = "condition") -> None:
+    """Poll ``cond`` until it is true; raise TimeoutError naming ``what`` past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await cond():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def wait_drained(bootstrap: str, group: str, topic: str, *, timeout: float = 120.0) -> None:
+    """Until ``group`` has committed all of ``topic`` and of its scheduler's delay topic (work
+    parked for a retry, a lease or a future due time is not done until it comes back)."""
+    delay = None
+    if group.startswith("streamsched."):
+        delay = internal_topic("delay", group[len("streamsched."):])
+
+    async def drained() -> bool:
+        lag = await group_lag(bootstrap, group, topic)
+        if lag.total != 0 or sum(lag.end.values()) == 0:
+            return False
+        return delay is None or (await group_lag(bootstrap, group, delay)).total == 0
+
+    await wait_for(drained, timeout=timeout, what=f"group {group} to drain {topic}")
+
+
+def make_event(type_: str, tenant: str, target: Iterable[str], *, due_ns: int = 0,
+               payload: object = None, event_id: str | None = None) -> TransitionEvent:
+    return TransitionEvent(event_id=event_id or uuid.uuid4().hex, type=type_, tenant=tenant,
+                           target=tuple(target), due_ns=due_ns,
+                           payload=json_dumps(payload if payload is not None else {}),
+                           produced_ns=time.time_ns())
+
+
+async def produce_events(bootstrap: str, topic: str, events: Iterable[TransitionEvent],
+                         *, raw: Iterable[tuple[bytes | None, bytes | None]] = ()) -> int:
+    """Produce transition events keyed by their route key (plus optional raw key/value pairs)."""
+    producer = clients.producer(bootstrap, linger_ms=5)
+    await producer.start()
+    n = 0
+    try:
+        futures = []
+        for ev in events:
+            futures.append(await producer.send(topic, encode_transition(ev),
+                                               key=route_key(ev.tenant, ev.target)))
+            n += 1
+        for key, value in raw:
+            futures.append(await producer.send(topic, value, key=key))
+            n += 1
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return n
+
+
+@contextlib.asynccontextmanager
+async def running(service: S) -> AsyncIterator[S]:
+    """Run ``service.run(stop)`` (a Worker or a Ticker) for the block, then stop it cleanly."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    try:
+        yield service
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+def running_worker(scheduler: SchedulerDef, bootstrap: str,
+                   **config: Any) -> contextlib.AbstractAsyncContextManager[Worker]:
+    """An in-process :class:`Worker` for the duration of the block, stopped cleanly after."""
+    from streamsched.worker.intake import Worker, WorkerConfig
+
+    return running(Worker(scheduler, WorkerConfig(bootstrap=bootstrap,
+                                                  **{"session_timeout_ms": 6000, **config})))
+
+
+class WorkerProcess:
+    """``streamsched run APP`` (or any ``command``) as a child process, with signals for crash tests."""
+
+    def __init__(self, app_ref: str, bootstrap: str, *, env: dict[str, str] | None = None,
+                 log_path: Path | None = None, scheduler: str | None = None,
+                 command: list[str] | None = None) -> None:
+        self.app_ref = app_ref
+        self.command = command
+        self.bootstrap = bootstrap
+        self.env = env or {}
+        self.log_path = log_path
+        self.scheduler = scheduler
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        env = dict(os.environ)
+        env.update({"STREAMSCHED_BOOTSTRAP": self.bootstrap,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))})
+        env.update(self.env)
+        cmd = [sys.executable, "-m", "streamsched", "run", self.app_ref]
+        if self.command is not None:
+            cmd = [sys.executable, "-m", "streamsched", *self.command]
+        if self.scheduler:
+            cmd += ["--scheduler", self.scheduler]
+        out: Any = subprocess.DEVNULL
+        if self.log_path is not None:
+            out = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        if out is not subprocess.DEVNULL:
+            out.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.wait(30)
+
+    def terminate(self, timeout: float = 30.0) -> int | None:
+        self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def wait(self, timeout: float) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout=10)
+
+    async def wait_exit(self, timeout: float) -> int:
+        async def exited() -> bool:
+            return not self.alive()
+
+        await wait_for(exited, timeout=timeout, interval=0.1, what=f"worker {self.pid} to exit")
+        assert self.proc is not None
+        return int(self.proc.returncode)

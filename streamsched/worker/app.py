@@ -1,0 +1,276 @@
+"""The declarative app: schedulers, their selections and the exact commands they may run.
+
+A scheduler *role* is one selection (topic + exact filter) and a closed set of commands. Its
+handler receives a :class:`Turn` whose ``commands`` proxy exposes only those commands; anything
+else raises :class:`CommandNotAllowed`. Handlers never see a producer, a consumer or the state.
+
+Example::
+
+    app = App("billing")
+
+    @external_command()
+    async def charge(ctx: CommandContext, *, invoice: str) -> str:
+        return await psp.charge(invoice, idempotency_key=ctx.idempotency_key, fence=ctx.fence)
+
+    @app.scheduler(topic="invoices", selection=Selection("due", type="due"), commands=[charge])
+    async def charge_due(turn: Turn) -> None:
+        await turn.commands.charge(invoice=turn.event.target[0])
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamsched.errors import CommandNotAllowed, ConfigError
+from streamsched.model.event import TransitionEvent
+from streamsched.model.identity import IdentityParts, IdentityResolver, route_key
+from streamsched.model.jsonval import json_dumps
+from streamsched.model.limits import (
+    DEFAULT_IN_FLIGHT,
+    MAX_CLAIM_DURATION_S,
+    MAX_IN_FLIGHT,
+    MAX_SELECTION_WAIT_S,
+    MIN_CLAIM_DURATION_S,
+    check_range,
+)
+from streamsched.model.names import internal_topic, validate_name
+from streamsched.wire.transition import encode_transition
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """A named, exact filter over a transition topic: ``event.type == type`` (``None``: all)."""
+
+    name: str
+    type: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_name(self.name, "selection")
+
+    def matches(self, event: TransitionEvent) -> bool:
+        return self.type is None or event.type == self.type
+
+
+@dataclass(frozen=True, slots=True)
+class CommandContext:
+    """The immutable values a command may see. Pass ``idempotency_key`` and ``fence`` on."""
+
+    idempotency_key: str
+    fence: int
+    attempt: int
+    ordinal: int
+    scheduled_ns: int
+    scheduler: str
+    schedule: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """One event a Kafka-native command writes, atomically with its outcome and release."""
+
+    topic: str
+    value: bytes
+    key: bytes | None = None
+
+    @classmethod
+    def json(cls, topic: str, obj: object, *, key: bytes | None = None) -> Emit:
+        return cls(topic, json_dumps(obj), key)
+
+    @classmethod
+    def transition(cls, topic: str, event: TransitionEvent) -> Emit:
+        """A follow-up transition, keyed so its identity stays on one partition."""
+        return cls(topic, encode_transition(event), route_key(event.tenant, event.target))
+
+
+ExternalFn = Callable[..., Awaitable[Any]]
+KafkaFn = Callable[..., "list[Emit] | Awaitable[list[Emit]]"]
+
+
+@dataclass(frozen=True)
+class ExternalCommand:
+    """A command that calls another system; it must be idempotent on ``ctx.idempotency_key``."""
+
+    name: str
+    fn: ExternalFn
+
+    kind = "external"
+
+
+@dataclass(frozen=True)
+class KafkaCommand:
+    """A command whose effect is the events it returns, written in the outcome's transaction."""
+
+    name: str
+    fn: KafkaFn
+    outputs: frozenset[str]
+
+    kind = "kafka"
+
+
+Command = ExternalCommand | KafkaCommand
+
+
+def external_command(name: str | None = None) -> Callable[[ExternalFn], ExternalCommand]:
+    def wrap(fn: ExternalFn) -> ExternalCommand:
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigError(f"external command {fn.__name__} must be an async function")
+        return ExternalCommand(validate_name(name or fn.__name__, "command"), fn)
+
+    return wrap
+
+
+def kafka_command(outputs: Iterable[str], name: str | None = None) -> Callable[[KafkaFn], KafkaCommand]:
+    allowed = frozenset(validate_name(t, "topic") for t in outputs)
+    if not allowed:
+        raise ConfigError("a Kafka-native command needs at least one output topic")
+
+    def wrap(fn: KafkaFn) -> KafkaCommand:
+        return KafkaCommand(validate_name(name or fn.__name__, "command"), fn, allowed)
+
+    return wrap
+
+
+class Commands:
+    """The handler's only door to effects: exactly the scheduler's declared commands."""
+
+    __slots__ = ("_allowed", "_ctx", "_emits", "_results", "_scheduler")
+
+    def __init__(self, scheduler: str, allowed: dict[str, Command], ctx: CommandContext) -> None:
+        self._scheduler = scheduler
+        self._allowed = allowed
+        self._ctx = ctx
+        self._emits: list[Emit] = []
+        self._results: list[object] = []
+
+    @property
+    def emitted(self) -> tuple[Emit, ...]:
+        """Events the Kafka-native commands of this turn returned (the engine writes them)."""
+        return tuple(self._emits)
+
+    @property
+    def results(self) -> tuple[object, ...]:
+        """Results of the external commands of this turn (digested into the outcome)."""
+        return tuple(self._results)
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        command = self._allowed.get(name)
+        if command is None:
+            raise CommandNotAllowed(name, self._scheduler)
+
+        async def call(**kwargs: Any) -> Any:
+            if isinstance(command, ExternalCommand):
+                result = await command.fn(self._ctx, **kwargs)
+                self._results.append(result)
+                return result
+            produced = command.fn(self._ctx, **kwargs)
+            emits = await produced if inspect.isawaitable(produced) else produced
+            for emit in emits:
+                if not isinstance(emit, Emit) or emit.topic not in command.outputs:
+                    raise CommandNotAllowed(f"{name} -> {getattr(emit, 'topic', '?')}", self._scheduler)
+            self._emits.extend(emits)
+            return None
+
+        return call
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What a handler gets for one work item."""
+
+    event: TransitionEvent
+    ctx: CommandContext
+    commands: Commands
+
+
+Handler = Callable[[Turn], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class SchedulerDef:
+    """One scheduler role and its tuning; built by :meth:`App.scheduler`."""
+
+    name: str
+    topic: str
+    selection: Selection
+    commands: dict[str, Command]
+    handler: Handler
+    attempt_kind: str = "run"
+    max_in_flight: int = DEFAULT_IN_FLIGHT
+    claim_duration_s: float = 30.0
+    selection_wait_s: float = 1.0
+    group: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_name(self.name, "scheduler")
+        validate_name(self.topic, "topic")
+        validate_name(self.attempt_kind, "attempt kind")
+        check_range("max_in_flight", self.max_in_flight, 1, MAX_IN_FLIGHT)
+        check_range("claim_duration_s", self.claim_duration_s, MIN_CLAIM_DURATION_S, MAX_CLAIM_DURATION_S)
+        check_range("selection_wait_s", self.selection_wait_s, 0.01, MAX_SELECTION_WAIT_S)
+        if not self.group:
+            object.__setattr__(self, "group", f"streamsched.{self.name}")
+
+    @property
+    def state_topic(self) -> str:
+        return internal_topic("state", self.name)
+
+    @property
+    def delay_topic(self) -> str:
+        """Where retries with long backoffs wait (co-partitioned; see streamsched.duework)."""
+        return internal_topic("delay", self.name)
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return internal_topic("dlq", self.name)
+
+    @property
+    def outputs(self) -> frozenset[str]:
+        out: set[str] = set()
+        for c in self.commands.values():
+            if isinstance(c, KafkaCommand):
+                out |= c.outputs
+        return frozenset(out)
+
+    @functools.cached_property
+    def resolve_identity(self) -> IdentityResolver:
+        """The business identity of an event under this scheduler (see :mod:`streamsched.identity`)."""
+        return IdentityResolver(self.name, self.topic, self.selection.name, self.attempt_kind)
+
+    def identity_parts(self, event: TransitionEvent) -> IdentityParts:
+        return IdentityParts(scheduler=self.name, topic=self.topic, selection=self.selection.name,
+                             due_ns=event.due_ns, tenant=event.tenant, target=tuple(event.target),
+                             attempt_kind=self.attempt_kind)
+
+
+class App:
+    """A set of schedulers run by ``streamsched run MODULE:ATTR``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = validate_name(name, "app")
+        self.schedulers: dict[str, SchedulerDef] = {}
+
+    def scheduler(self, *, topic: str, selection: Selection, commands: Iterable[Command],
+                  name: str | None = None, **options: Any) -> Callable[[Handler], Handler]:
+        """Declare a scheduler; the decorated async function is its handler."""
+
+        def wrap(handler: Handler) -> Handler:
+            if not inspect.iscoroutinefunction(handler):
+                raise ConfigError(f"scheduler handler {handler.__name__} must be async")
+            declared: dict[str, Command] = {}
+            for c in commands:
+                if c.name in declared:
+                    raise ConfigError(f"command {c.name} declared twice")
+                declared[c.name] = c
+            sched = SchedulerDef(name=name or handler.__name__, topic=topic, selection=selection,
+                                 commands=declared, handler=handler, **options)
+            if sched.name in self.schedulers:
+                raise ConfigError(f"scheduler {sched.name} declared twice")
+            self.schedulers[sched.name] = sched
+            return handler
+
+        return wrap

@@ -1,0 +1,91 @@
+"""Step 4 of the turn: run one item's handler with its immutable context, and decide what a
+failure means (retry in place, park for a long backoff, or a terminal outcome).
+
+Pure with respect to Kafka: this module never writes anything. It returns an
+:class:`Execution`, which the turn writes in its next transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from streamsched.errors import DecodeError
+from streamsched.metrics import Metrics
+from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
+from streamsched.model.event import TransitionEvent
+from streamsched.model.jsonval import json_dumps
+from streamsched.model.retry import RetryPolicy, compute_backoff, normalize_failure
+from streamsched.worker.app import CommandContext, Commands, Emit, SchedulerDef, Turn
+
+IN_PLACE_RETRY_LIMIT_S = 2.0
+"""Backoffs up to this long wait inside the turn; longer ones end the attempt (see README)."""
+
+
+@dataclass(slots=True)
+class Execution:
+    """What one execution decided; the turn writes it with the release."""
+
+    outcome: Outcome | None = None
+    dead: tuple[str, str] | None = None
+    category: str = ""
+    park_until_ns: int | None = None
+    attempt_next: int = 0
+    emits: list[Emit] = field(default_factory=list)
+
+
+async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry: RetryPolicy,
+                  clock: Callable[[], int], metrics: Metrics, rng: random.Random) -> Execution | None:
+    """Run the handler for ``ev`` under claim ``st``; None when an outcome is already stored."""
+    if st.outcome is not None:
+        metrics.inc("skipped_outcome")
+        return None
+    deadline = st.lease_expires_ns
+    attempt = ev.attempt
+    while True:
+        ctx = CommandContext(idempotency_key=st.identity, fence=st.fence, attempt=attempt,
+                             ordinal=st.ordinal, scheduled_ns=ev.due_ns, scheduler=s.name,
+                             schedule=ev.origin)
+        commands = Commands(s.name, s.commands, ctx)
+        remaining = max(0.001, (deadline - clock()) / 1e9)
+        try:
+            async with asyncio.timeout(remaining):  # no extra task per item, unlike wait_for
+                await s.handler(Turn(ev, ctx, commands))
+        except Exception as exc:  # noqa: BLE001 - handlers may raise anything; it is normalized
+            failure = normalize_failure(exc, attempt=attempt, policy=retry, now_ns=clock())
+            metrics.error(exc)
+            delay = compute_backoff(retry, attempt, rand=rng.random())
+            fits = clock() + int(delay * 1e9) < deadline
+            if failure.retryable and delay <= IN_PLACE_RETRY_LIMIT_S and fits:
+                metrics.inc("retries")
+                await asyncio.sleep(delay)
+                attempt += 1
+                continue
+            if failure.retryable:
+                # Too long to wait holding the partition: park it in the delay topic, release
+                # the claim without an outcome, and let the offset move on.
+                metrics.inc("retries_parked")
+                return Execution(park_until_ns=clock() + int(delay * 1e9), attempt_next=attempt + 1)
+            metrics.inc("terminal", kind=failure.cause_kind)
+            return Execution(outcome=Outcome(OutcomeKind.FAILED, st.fence, clock(),
+                                             error_kind=failure.cause_kind),
+                             dead=("terminal", failure.cause_kind), category=failure.category)
+        emits = list(commands.emitted)
+        metrics.inc("executions")
+        return Execution(outcome=Outcome(OutcomeKind.SUCCEEDED, st.fence, clock(), events=len(emits),
+                                         digest=_digest(commands.results, emits)), emits=emits)
+
+
+def _digest(results: tuple[object, ...], emits: list[Emit]) -> bytes:
+    h = hashlib.sha256()
+    for r in results:
+        try:
+            h.update(json_dumps(r))
+        except (DecodeError, TypeError):
+            h.update(type(r).__name__.encode())
+    for e in emits:
+        h.update(e.topic.encode() + b"\x00" + e.value)
+    return h.digest()

@@ -1,0 +1,157 @@
+"""The worker turn on a real broker, in process: selection, dead letters, restarts, least authority."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamsched import App, CommandContext, Emit, Selection, Turn, external_command, kafka_command
+from streamsched.kafka.reads import read_topic
+from streamsched.model.claims import ClaimState, ClaimStatus
+from streamsched.model.identity import business_identity
+from streamsched.testing import make_event, produce_events, running_worker, wait_drained
+from streamsched.wire.avro import AvroCodec
+from streamsched.wire.claim import CLAIM_CODEC
+from streamsched.wire.transition import encode_transition
+from streamsched.worker.app import SchedulerDef
+
+pytestmark = pytest.mark.kafka
+SECRET = "tenant-secret-4f1c"
+
+
+running = running_worker
+
+
+def external_app(topic: str, name: str, calls: list[CommandContext]) -> SchedulerDef:
+    app = App("t")
+
+    @external_command()
+    async def record(ctx: CommandContext, *, target: str) -> str:
+        calls.append(ctx)
+        return target
+
+    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
+                   claim_duration_s=5)
+    async def handle(turn: Turn) -> None:
+        await turn.commands.record(target=turn.event.target[0])
+
+    return app.schedulers[name]
+
+
+async def states(bootstrap: str, sched: SchedulerDef) -> dict[str, list[ClaimState]]:
+    out: dict[str, list[ClaimState]] = {}
+    for rec in await read_topic(bootstrap, sched.state_topic):
+        st = ClaimState.from_record(CLAIM_CODEC.decode(rec.value))
+        out.setdefault(st.identity, []).append(st)
+    return out
+
+
+async def test_selection_duplicates_and_dead_letters(bootstrap: str, make_topic, unique) -> None:
+    topic = await make_topic("w", partitions=2)
+    calls: list[CommandContext] = []
+    sched = external_app(topic, unique("s").replace("-", "_"), calls)
+    good = [make_event("due", SECRET, [f"r{i}"], due_ns=i) for i in range(10)]
+    dupes = [make_event("due", SECRET, [f"r{i}"], due_ns=i) for i in range(5)]
+    noise = [make_event("other", SECRET, ["x"])]
+    misrouted = make_event("due", SECRET, ["m"])
+    garbage = [(b"k1", b"\x00not avro" + SECRET.encode()), (b"k2", None)]
+    await produce_events(bootstrap, topic, good + dupes + noise,
+                         raw=[*garbage, (b"wrong-key", encode_transition(misrouted))])
+    async with running(sched, bootstrap):
+        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+
+    assert sorted(c.idempotency_key for c in calls) == sorted(
+        business_identity(sched.identity_parts(e)) for e in good)
+    assert all(c.fence >= 1 and c.ordinal >= 1 and c.scheduler == sched.name for c in calls)
+    dead = await read_topic(bootstrap, sched.dead_letter_topic)
+    kinds = sorted(dict(r.headers)["ss-kind"].decode() for r in dead)
+    assert kinds == ["decode", "decode", "misrouted"]
+    dl_codec = AvroCodec("dead_letter")
+    for r in dead:
+        headers = b"".join(k.encode() + v for k, v in r.headers)
+        assert SECRET.encode() not in headers
+        assert SECRET not in dl_codec.decode(r.value)["reason"]
+        assert dict(r.headers)["ss-source-topic"].decode() == topic
+    history = await states(bootstrap, sched)
+    assert all(h[-1].status is ClaimStatus.RELEASED and h[-1].outcome is not None for h in history.values())
+
+
+async def test_restart_skips_stored_outcomes_with_fresh_fences(bootstrap: str, make_topic, unique) -> None:
+    topic = await make_topic("r", partitions=2)
+    calls: list[CommandContext] = []
+    sched = external_app(topic, unique("s").replace("-", "_"), calls)
+    events = [make_event("due", "t", [f"r{i}"]) for i in range(6)]
+    await produce_events(bootstrap, topic, events)
+    async with running(sched, bootstrap):
+        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+    assert len(calls) == 6
+    # A replay of the same events reaches a fresh worker (new owner): no new effects.
+    await produce_events(bootstrap, topic, [make_event(e.type, e.tenant, e.target) for e in events])
+    async with running(sched, bootstrap) as second:
+        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+    assert len(calls) == 6
+    assert second.metrics.counters.get("skipped_outcome") == 6
+    for history in (await states(bootstrap, sched)).values():
+        fences = [s.fence for s in history if s.status is ClaimStatus.CLAIMED]
+        assert fences == [1, 2]  # strictly increasing across owners and restarts
+        assert history[-1].outcome is not None and history[-1].outcome.fence == 1
+
+
+async def test_handler_limited_to_declared_commands(bootstrap: str, make_topic, unique) -> None:
+    topic = await make_topic("a")
+    out = await make_topic("out", kind="output")
+    other = await make_topic("other", kind="output")
+    app = App("t")
+    name = unique("s").replace("-", "_")
+
+    @kafka_command(outputs=[out])
+    def start(ctx: CommandContext, *, where: str) -> list[Emit]:
+        return [Emit.json(where, {"k": ctx.idempotency_key})]
+
+    @app.scheduler(name=name, topic=topic, selection=Selection("all"), commands=[start], claim_duration_s=5)
+    async def handle(turn: Turn) -> None:
+        if turn.event.type == "undeclared":
+            await turn.commands.delete_everything()
+        await turn.commands.start(where=other if turn.event.type == "escape" else out)
+
+    sched = app.schedulers[name]
+    await produce_events(bootstrap, topic, [make_event("undeclared", "t", ["a"]),
+                                            make_event("escape", "t", ["b"]),
+                                            make_event("ok", "t", ["c"])])
+    async with running(sched, bootstrap) as worker:
+        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+    assert len(await read_topic(bootstrap, out)) == 1
+    assert await read_topic(bootstrap, other) == []
+    dead = await read_topic(bootstrap, sched.dead_letter_topic)
+    assert sorted(dict(r.headers)["ss-kind"].decode() for r in dead) == ["terminal", "terminal"]
+    assert worker.metrics.counters.get("executions") == 1
+
+
+async def test_logs_status_and_errors_never_carry_payloads(bootstrap: str, make_topic, unique,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from streamsched.model.jsonval import json_dumps
+
+    caplog.set_level(logging.DEBUG, logger="streamsched")
+    topic = await make_topic("red")
+    app = App("t")
+    name = unique("s").replace("-", "_")
+
+    @external_command()
+    async def leak(ctx: CommandContext, *, secret: str) -> None:
+        raise RuntimeError(f"failed for {secret}")  # a careless handler puts data in its message
+
+    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[leak],
+                   claim_duration_s=5)
+    async def handle(turn: Turn) -> None:
+        await turn.commands.leak(secret=SECRET)
+
+    sched = app.schedulers[name]
+    await produce_events(bootstrap, topic, [make_event("due", SECRET, ["x"], payload={"k": SECRET})])
+    async with running(sched, bootstrap) as worker:
+        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+    assert worker.metrics.last_error is not None and worker.metrics.last_error["type"] == "RuntimeError"
+    assert SECRET not in json_dumps(worker.metrics.snapshot()).decode()
+    assert SECRET not in caplog.text
+    dead = await read_topic(bootstrap, sched.dead_letter_topic)
+    assert [dict(r.headers)["ss-reason"] for r in dead] == [b"internal"]
