@@ -110,7 +110,7 @@ async def effects(bootstrap: str, wf: Workflow) -> Counter[str]:
             return Counter()
         return Counter(key for key, _, _ in Ledger(wf.ledger).effects())
     out: Counter[str] = Counter()
-    for rec in await read_topic(bootstrap, wf.events_topic, read_committed=True):
+    for rec in await read_topic(bootstrap, wf.events_topic):
         doc = json_loads(rec.value)
         assert isinstance(doc, dict)
         out[str(doc["idempotency_key"])] += 1
@@ -120,7 +120,7 @@ async def effects(bootstrap: str, wf: Workflow) -> Counter[str]:
 async def claim_history(bootstrap: str, wf: Workflow) -> dict[str, list[ClaimState]]:
     """Every committed claim snapshot per identity, in log order."""
     history: dict[str, list[ClaimState]] = defaultdict(list)
-    for rec in await read_topic(bootstrap, wf.state_topic, read_committed=True):
+    for rec in await read_topic(bootstrap, wf.state_topic):
         st = ClaimState.from_record(CLAIM_CODEC.decode(rec.value))
         history[st.identity].append(st)
     return history
@@ -141,7 +141,7 @@ async def unresolved_below_commit(bootstrap: str, wf: Workflow) -> list[tuple[in
     history = await claim_history(bootstrap, wf)
     with_outcome = {i for i, states in history.items() if any(s.outcome is not None for s in states)}
     bad = []
-    for rec in await read_topic(bootstrap, wf.topic, read_committed=True):
+    for rec in await read_topic(bootstrap, wf.topic):
         if rec.offset >= lag.committed.get(rec.partition, 0):
             continue
         ev = decode_transition(rec.value)

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from streamsched.errors import StreamschedError
+    from streamsched.kafka.producer import Producer, RecordMetadata
     from streamsched.model.event import TransitionEvent
+    from streamsched.model.retry import Retryable, RetryPolicy, Terminal
     from streamsched.worker.app import (
         App,
         CommandContext,
@@ -33,7 +35,9 @@ _EXPORTS = {
     "ExternalCommand": "worker.app", "KafkaCommand": "worker.app", "Selection": "worker.app",
     "Turn": "worker.app", "external_command": "worker.app", "kafka_command": "worker.app",
     "TransitionEvent": "model.event", "StreamschedError": "errors",
+    "RetryPolicy": "model.retry", "Retryable": "model.retry", "Terminal": "model.retry",
     "Worker": "worker.intake", "WorkerConfig": "worker.intake",
+    "Producer": "kafka.producer", "RecordMetadata": "kafka.producer",
 }
 
 __all__ = [
@@ -42,8 +46,13 @@ __all__ = [
     "Emit",
     "ExternalCommand",
     "KafkaCommand",
+    "Producer",
+    "RecordMetadata",
+    "RetryPolicy",
+    "Retryable",
     "Selection",
     "StreamschedError",
+    "Terminal",
     "TransitionEvent",
     "Turn",
     "Worker",

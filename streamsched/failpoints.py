@@ -21,6 +21,8 @@ POINTS = (
 """The worker turn's crash boundaries."""
 TICKER_POINTS = ("tick_before_commit", "tick_after_commit")
 """Just before and just after a schedule ticker's fire-and-advance transaction commits."""
+OUTBOX_POINTS = ("outbox_after_send",)
+"""The outbox relay: after the Kafka send, before the intent is deleted."""
 
 _armed: dict[str, int] | None = None
 
@@ -34,8 +36,9 @@ def arm(spec: str | None) -> None:
     armed: dict[str, int] = {}
     for item in spec.split(","):
         name, _, nth = item.strip().partition(":")
-        if name not in POINTS + TICKER_POINTS:
-            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(POINTS + TICKER_POINTS)}")
+        known = POINTS + TICKER_POINTS + OUTBOX_POINTS
+        if name not in known:
+            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(known)}")
         armed[name] = int(nth or 1)
     _armed = armed
 

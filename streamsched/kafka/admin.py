@@ -1,15 +1,26 @@
 """Declarative topic definitions and their idempotent application.
 
 Definitions live in ``topics/*.toml`` (one ``[[topic]]`` table per topic) or are derived from a
-scheduler (its state and dead-letter topics). :func:`apply` creates what is missing and verifies
-what exists: a topic with other partitions or configs is a :class:`TopicMismatch`, never changed
-silently. State topics are always ``cleanup.policy=compact``.
+scheduler (its state, dead-letter and delay topics). :func:`apply` creates what is missing and
+verifies what exists: a topic with other partitions or configs is a :class:`TopicMismatch`,
+never changed silently. State topics are always ``cleanup.policy=compact``.
+
+Delay topics hold parked transitions until they are due again, so their retention is set
+explicitly (never the broker's default, which an operator may have shortened): a parked record
+must outlive its longest park (:data:`MAX_PARK_S`) plus an outage of its partition's owner
+(:data:`DELAY_OUTAGE_MARGIN_S`); see :data:`DELAY_RETENTION_MS` and
+:data:`MIN_DELAY_RETENTION_MS`.
+
+Verification only compares what the cluster can already show: a topic created a moment ago
+(by this call or a concurrent applier) is visible to one broker before another, so apply polls,
+bounded, until every topic's partitions and configs are visible, then compares (defect 4f: a
+fresh apply reported ``cleanup.policy is 'None'`` when the config answer came from a broker
+that did not know the topic yet).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import tomllib
 from collections.abc import Iterable
@@ -17,11 +28,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from streamsched.errors import ConfigError, TopicMismatch
+from streamsched.errors import BrokerError, ConfigError, TopicMismatch
 from streamsched.kafka import clients
+from streamsched.model.limits import MAX_PARK_S
 from streamsched.model.names import validate_name
 
 TopicKind = Literal["transition", "state", "output", "dead_letter", "delay"]
+
+DELAY_OUTAGE_MARGIN_S = 7 * 86_400
+"""How long a parked record survives past its due time while its partition has no live owner
+(all workers down): Kafka's own default retention, as operators expect it."""
+DELAY_RETENTION_MS = int((MAX_PARK_S + DELAY_OUTAGE_MARGIN_S) * 1000)
+"""``retention.ms`` a delay topic is created with (7 days 1 hour). Kafka deletes whole segments
+whose newest record is older than this, so every record lives at least this long."""
+MIN_DELAY_RETENTION_MS = int((MAX_PARK_S + 86_400) * 1000)
+"""The least retention a delay topic is accepted with (25 hours: the longest park plus a day of
+owner outage). Verified as a lower bound, so delay topics created before retention was set
+explicitly (Kafka's default, 7 days) and longer retentions (``-1``: forever) are accepted."""
+DELAY_RETENTION_NOTE = (f"delay topics are created with retention.ms={DELAY_RETENTION_MS} (longest park "
+                        f"{MAX_PARK_S:.0f} s + {DELAY_OUTAGE_MARGIN_S} s for an owner outage) and "
+                        f"must keep at least {MIN_DELAY_RETENTION_MS} ms")
+VISIBLE_TIMEOUT_S = 30.0
+"""How long apply waits for topics to be visible (partitions and configs) before verifying."""
 
 
 @dataclass(frozen=True)
@@ -45,9 +73,33 @@ class TopicSpec:
             if policy not in (None, "compact"):
                 raise ConfigError(f"state topic {self.name} must use cleanup.policy=compact")
             object.__setattr__(self, "config", {**self.config, "cleanup.policy": "compact"})
+        if self.kind == "delay":
+            object.__setattr__(self, "config", _delay_config(self.name, self.config))
 
     def with_replication(self, replication: int) -> TopicSpec:
         return TopicSpec(self.name, self.partitions, replication, self.kind, dict(self.config))
+
+
+def _delay_config(name: str, config: dict[str, str]) -> dict[str, str]:
+    """A delay topic's configs: deletion by time only, never shorter than MIN_DELAY_RETENTION_MS."""
+    if config.get("cleanup.policy") not in (None, "delete"):
+        # Compaction would drop a parked record when a later one has the same key.
+        raise ConfigError(f"delay topic {name} must use cleanup.policy=delete")
+    if config.get("retention.bytes") not in (None, "-1"):
+        raise ConfigError(f"delay topic {name} must not have a size-based retention")
+    retention = config.get("retention.ms", str(DELAY_RETENTION_MS))
+    if not _retention_covers(retention, MIN_DELAY_RETENTION_MS):
+        raise ConfigError(f"delay topic {name}: retention.ms must be -1 or at least {MIN_DELAY_RETENTION_MS}")
+    return {**config, "cleanup.policy": "delete", "retention.ms": retention, "retention.bytes": "-1"}
+
+
+def _retention_covers(actual: str | None, wanted: int | str) -> bool:
+    """``actual`` keeps records at least as long as ``wanted`` (``-1`` is forever)."""
+    try:
+        have, want = int(actual or ""), int(wanted)
+    except ValueError:
+        return False
+    return have == -1 or (want != -1 and have >= want)
 
 
 def load_file(path: Path) -> list[TopicSpec]:
@@ -90,12 +142,14 @@ def load_dir(directory: Path) -> list[TopicSpec]:
 class ApplyReport:
     created: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    delay_retention_ms: dict[str, int] = field(default_factory=dict)
+    """Every delay topic applied, with the retention the cluster shows for it (-1: forever)."""
 
 
-async def apply(bootstrap: str, specs: Iterable[TopicSpec], **client_options: Any) -> ApplyReport:
+async def apply(bootstrap: str, specs: Iterable[TopicSpec], *, visible_timeout_s: float = VISIBLE_TIMEOUT_S,
+                **client_options: Any) -> ApplyReport:
     """Create missing topics and verify existing ones; raise :class:`TopicMismatch` on drift."""
     from aiokafka.admin import NewTopic
-    from aiokafka.errors import TopicAlreadyExistsError
 
     specs = list(specs)
     report = ApplyReport()
@@ -105,46 +159,87 @@ async def apply(bootstrap: str, specs: Iterable[TopicSpec], **client_options: An
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
-            # A concurrent applier may win the race; the verification below still runs.
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(
-                    [NewTopic(s.name, s.partitions, s.replication, topic_configs=dict(s.config))
-                     for s in missing])
-            report.created = [s.name for s in missing]
-        await _verify(admin, specs)
+            response = await admin.create_topics(
+                [NewTopic(s.name, s.partitions, s.replication, topic_configs=dict(s.config))
+                 for s in missing])
+            report.created = _created(response)
+        partitions, configs = await _wait_visible(admin, specs, set(report.created), visible_timeout_s)
+        _verify(specs, partitions, configs)
         report.unchanged = [s.name for s in specs if s.name not in report.created]
+        report.delay_retention_ms = {s.name: int(configs[s.name]["retention.ms"])
+                                     for s in specs if s.kind == "delay"}
         return report
     finally:
         await admin.close()
 
 
-async def _verify(admin: Any, specs: list[TopicSpec]) -> None:
+def _created(response: Any) -> list[str]:
+    """The topics this CreateTopics request created; raise on any error but "already exists"
+    (a concurrent applier won the race: the verification below still runs)."""
+    from aiokafka.errors import TopicAlreadyExistsError, for_code
+
+    created = []
+    for topic, code, *message in response.topic_errors:
+        if code == 0:
+            created.append(topic)
+        elif code != TopicAlreadyExistsError.errno:
+            error = for_code(code)
+            detail = f"creating topic {topic} failed: {error.__name__} {message[0] if message else ''}"
+            raise (BrokerError if error.retriable else ConfigError)(detail.strip())
+    return created
+
+
+async def _wait_visible(admin: Any, specs: list[TopicSpec], created: set[str],
+                        timeout_s: float) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
+    """Poll until every topic's partitions and configs are visible (and, for topics created
+    just now, every partition has a leader); return partition counts and configs per topic.
+
+    Metadata and DescribeConfigs may be answered by different brokers, each of which learns of a
+    new topic on its own schedule: compare only answers in which the topic exists.
+    """
+    names = [s.name for s in specs]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        described = await admin.describe_topics(names)
+        partitions = {d["topic"]: len(d["partitions"]) for d in described
+                      if d.get("error_code", 0) == 0 and d["partitions"]
+                      and (d["topic"] not in created or all(p["leader"] >= 0 for p in d["partitions"]))}
+        configs = await _describe_configs(admin, names) if len(partitions) == len(set(names)) else {}
+        invisible = sorted(n for n in set(names) if n not in partitions or n not in configs)
+        if not invisible:
+            return partitions, configs
+        if time.monotonic() > deadline:
+            raise BrokerError(f"topics {invisible} not visible with leaders after {timeout_s:.0f}s")
+        await asyncio.sleep(0.1)
+
+
+async def _describe_configs(admin: Any, names: list[str]) -> dict[str, dict[str, str]]:
+    """Configs of the topics the answering broker knows (an unknown topic is left out)."""
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    partitions: dict[str, int] = {}
-    deadline = time.monotonic() + 15.0
-    while True:
-        described = await admin.describe_topics([s.name for s in specs])
-        partitions = {d["topic"]: len(d["partitions"]) for d in described if d.get("error_code", 0) == 0}
-        # A just-created topic shows up in metadata a moment later; never misreport that as drift.
-        if all(partitions.get(s.name) for s in specs) or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.2)
-    for s in specs:
-        actual = partitions.get(s.name, 0)
-        if actual != s.partitions:
-            raise TopicMismatch(s.name, "partitions", str(s.partitions), str(actual))
-    responses = await admin.describe_configs(
-        [ConfigResource(ConfigResourceType.TOPIC, s.name) for s in specs])
-    actual_configs: dict[str, dict[str, str]] = {}
+    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    out: dict[str, dict[str, str]] = {}
     for resp in responses:
         for res in resp.resources:
-            _, _, _, name, entries = res[:5]
-            actual_configs[name] = {e[0]: e[1] for e in entries}
+            error_code, _, _, name, entries = res[:5]
+            if error_code == 0:
+                out[name] = {e[0]: e[1] for e in entries}
+    return out
+
+
+def _verify(specs: list[TopicSpec], partitions: dict[str, int], configs: dict[str, dict[str, str]]) -> None:
     for s in specs:
-        have = actual_configs.get(s.name, {})
+        if partitions[s.name] != s.partitions:
+            raise TopicMismatch(s.name, "partitions", str(s.partitions), str(partitions[s.name]))
+        have = configs[s.name]
         for key, want in s.config.items():
-            if have.get(key) != want:
+            if s.kind == "delay" and key == "retention.ms":
+                # A lower bound: a longer retention never loses a parked record. The default is
+                # the minimum, an explicit retention in the definition is its own minimum.
+                least = str(MIN_DELAY_RETENTION_MS) if want == str(DELAY_RETENTION_MS) else want
+                if not _retention_covers(have.get(key), least):
+                    raise TopicMismatch(s.name, key, f"at least {least}", str(have.get(key)))
+            elif have.get(key) != want:
                 raise TopicMismatch(s.name, key, want, str(have.get(key)))
 
 

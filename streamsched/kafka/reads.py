@@ -1,12 +1,24 @@
-"""Read-side operations on a cluster: offsets, lag and reading topics, for the CLI and tests."""
+"""Read-side operations on a cluster: offsets, lag and reading topics, for the CLI and tests.
+
+Every read is ``read_committed`` (the client factory locks it). A read that would hold more
+records than its bound raises :class:`~streamsched.errors.BoundExceeded` and logs it: a caller
+never acts on a silently truncated topic (defect 4h).
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from streamsched.errors import BoundExceeded, ConfigError
 from streamsched.kafka import clients
+
+log = logging.getLogger(__name__)
+
+MAX_READ_RECORDS = 1_000_000
+"""Default bound of :func:`read_topic`: a whole-topic read lives in memory."""
 
 
 @dataclass(frozen=True)
@@ -44,11 +56,19 @@ async def group_lag(bootstrap: str, group: str, topic: str) -> Lag:
         await consumer.stop()
 
 
-async def read_topic(bootstrap: str, topic: str, *,
-                     timeout_s: float = 60.0, max_records: int = 1_000_000) -> list[Any]:
-    """Every record of ``topic`` from the beginning to its current end."""
+async def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 60.0,
+                     max_records: int = MAX_READ_RECORDS,
+                     read_committed: Literal[True] = True) -> list[Any]:
+    """Every record of ``topic`` from the beginning to its current end.
+
+    Raises :class:`BoundExceeded` (bound ``records read from <topic>``) rather than return more
+    than ``max_records`` or a truncated list. ``read_committed`` is always true; the keyword is
+    accepted for callers that spell it out.
+    """
     from aiokafka import TopicPartition
 
+    if read_committed is not True:
+        raise ConfigError("reads are always read_committed")
     consumer = clients.consumer(bootstrap)
     await consumer.start()
     out: list[Any] = []
@@ -68,8 +88,10 @@ async def read_topic(bootstrap: str, topic: str, *,
                     raise TimeoutError(f"reading {topic} did not reach its end in {timeout_s}s")
                 batch = await consumer.getmany(tp, timeout_ms=500)
                 out.extend(batch.get(tp, ()))
-                if len(out) >= max_records:
-                    return out
+                if len(out) > max_records:
+                    # Topic names are not payloads: safe to log.
+                    log.warning("reading %s stopped: more than %d records", topic, max_records)
+                    raise BoundExceeded(f"records read from {topic}", max_records, len(out))
         return out
     finally:
         await consumer.stop()

@@ -75,4 +75,8 @@ class GroupedWriter:
                         raise ValueError(f"a record for {topic} is larger than the producer's batch size")
             if batch.record_count():
                 futures.append(await p.send_batch(batch, topic, partition=partition))
-        await asyncio.gather(*futures)
+        # Wait for every delivery before raising, so no send's failure is left unretrieved.
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result

@@ -15,14 +15,14 @@ MAX_EVENT_TYPE_LENGTH = 64
 """Longest transition ``type`` (characters)."""
 
 
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class TransitionEvent:
     """A decoded ``TransitionEvent`` record (``schemas/transition.avsc``).
 
     ``payload`` holds JSON bytes (see :meth:`json`); times are nanoseconds since the epoch.
-    ``attempt`` and ``origin`` are keyword-only.
+    ``attempt`` and ``origin`` are keyword-only. ``origin`` is ``None`` or the occurrence a
+    schedule fired (``sched:<catalog>:<name>:<version>:<planned_ns>``); its grammar belongs to
+    the wire (:func:`streamsched.wire.schedule.origin_problem`), which refuses anything else.
     """
 
     event_id: str

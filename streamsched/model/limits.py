@@ -56,3 +56,10 @@ MAX_DUE_INDEX_ITEMS = 1_000_000
 """Largest capacity a ``duework.DueIndex`` accepts; its heaps hold at most twice this many entries."""
 MAX_DUE_KEY_LENGTH = 1024
 """Longest opaque key (characters) of a ``duework.DueItem``."""
+
+MAX_PARK_S = max(MAX_RETRY_DELAY_S, MAX_CLAIM_DURATION_S)
+"""The longest one delay record waits before it is due: a retry backoff (at most
+``MAX_RETRY_DELAY_S``, 1 h) or a held lease (at most ``MAX_CLAIM_DURATION_S``). A transition
+due further ahead than this is parked in hops of at most MAX_PARK_S (re-parked when it comes
+back early), so no delay record ever needs a longer life than one hop plus the delay topic's
+outage margin (see streamsched.kafka.admin)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -173,12 +174,28 @@ class FailureRecord:
     error_type: str
 
 
-def _kafka_transport_types() -> tuple[type[BaseException], ...]:
-    try:
-        from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
-    except ImportError:
-        return ()
-    return (KafkaConnectionError, RequestTimedOutError)
+_TRANSPORT_LOADERS: list[Callable[[], tuple[type[BaseException], ...]]] = []
+
+
+def register_transport_errors(loader: Callable[[], tuple[type[BaseException], ...]]) -> None:
+    """Declare client exception types that mean "transport uncertain" (retryable).
+
+    The model stays free of Kafka: :mod:`streamsched.kafka.clients` registers a loader of
+    aiokafka's connection and request-timeout errors when it is imported; the loader runs only
+    when a failure is classified, so registering imports nothing.
+    """
+    if loader not in _TRANSPORT_LOADERS:
+        _TRANSPORT_LOADERS.append(loader)
+
+
+def _transport_types() -> tuple[type[BaseException], ...]:
+    found: list[type[BaseException]] = []
+    for load in _TRANSPORT_LOADERS:
+        try:
+            found += load()
+        except ImportError:  # the client library is not installed: nothing to classify
+            continue
+    return tuple(found)
 
 
 def _cause_kind(exc: BaseException) -> CauseKind:
@@ -197,8 +214,7 @@ def _cause_kind(exc: BaseException) -> CauseKind:
         return "decode"
     if isinstance(exc, errors.BoundExceeded):
         return "bound"
-    kafka_transport = _kafka_transport_types()
-    if (kafka_transport and isinstance(exc, kafka_transport)) or isinstance(exc, ConnectionError | OSError):
+    if isinstance(exc, (*_transport_types(), ConnectionError, OSError)):
         return "transport"
     return "internal"
 

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -69,8 +70,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+_RESERVED_IDS = frozenset({bytes(16), bytes(15) + b"\x01"})
+"""Kafka's ``Uuid.ZERO_UUID`` and ``Uuid.ONE_UUID`` (the metadata topic's id)."""
+
+
+def _cluster_id(random_uuid: Callable[[], uuid.UUID] = uuid.uuid4) -> str:
+    """A cluster id as Kafka's ``Uuid.randomUuid()`` makes one (``kafka-storage random-uuid``).
+
+    A version-4 UUID as unpadded base64url, drawn again while it is reserved or its text starts
+    with ``-`` (about 1 in 64 do): the storage tool would read such an id as an option and the
+    format, hence ``broker start``, would fail (defect 4l). Checked against Kafka 3.9.1's
+    ``org.apache.kafka.common.Uuid.randomUuid``.
+    """
+    while True:
+        raw = random_uuid().bytes
+        text = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        if raw not in _RESERVED_IDS and not text.startswith("-"):
+            return text
 
 
 _LOG4J = """\

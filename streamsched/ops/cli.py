@@ -13,11 +13,11 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 from streamsched.errors import ConfigError, StreamschedError
-from streamsched.kafka import clients
 
 DEFAULT_DATA_DIR = Path(".streamsched/broker")
 _early_stop: list[int] = []
@@ -76,7 +76,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 # --- topics ---------------------------------------------------------------------------------------
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from streamsched.kafka.admin import TopicSpec, apply, load_dir
+    from streamsched.kafka.admin import DELAY_RETENTION_NOTE, TopicSpec, apply, load_dir
 
     specs = load_dir(Path(args.dir))
     bootstrap = resolve_bootstrap(args.bootstrap)
@@ -98,7 +98,13 @@ def cmd_topics(args: argparse.Namespace) -> int:
         more = asyncio.run(apply(bootstrap, derived))
         report.created += more.created
         report.unchanged += more.unchanged
-    print(json.dumps({"created": report.created, "unchanged": report.unchanged}))
+        report.delay_retention_ms.update(more.delay_retention_ms)
+    out: dict[str, object] = {"created": report.created, "unchanged": report.unchanged}
+    if report.delay_retention_ms:
+        # Say how long parked work survives (defect 4j): never the broker's default.
+        out["delay_retention_ms"] = report.delay_retention_ms
+        out["delay_retention"] = DELAY_RETENTION_NOTE
+    print(json.dumps(out))
     return 0
 
 
@@ -118,12 +124,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop = _stop_on_signals()
         workers = [Worker(app.schedulers[n], config) for n in names]
         async with contextlib.AsyncExitStack() as stack:
-            if args.status_port is not None:
-                from streamsched.ops.status import StatusServer
-
-                server = await stack.enter_async_context(
-                    StatusServer([w.metrics for w in workers], port=args.status_port))
-                print(json.dumps({"status_url": server.url}), file=sys.stderr, flush=True)
+            # Ready when every scheduler's worker is (getattr: `ready` is new on Worker).
+            await _serve_status(stack, args, [w.metrics for w in workers],
+                                lambda: all(getattr(w, "ready", False) is True for w in workers))
             async with asyncio.TaskGroup() as tg:
                 for w in workers:
                     tg.create_task(w.run(stop))
@@ -131,19 +134,54 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(json.dumps(w.metrics.snapshot()), file=sys.stderr)
 
     _configure_logging()
-    asyncio.run(main())
-    return 0
+    return _run_service(main)
 
 
 def _stop_on_signals() -> asyncio.Event:
-    """An event set by SIGTERM/SIGINT (or by one that arrived while the process was starting)."""
+    """An event set by the first SIGTERM/SIGINT (drain, commit, leave the group); a second one
+    cancels the running main task: stop at once, without draining. Signals that arrived while
+    the process was starting (see :func:`_early_signal`) count."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+
+    def on_signal(signum: int) -> None:
+        _early_stop.append(signum)
+        if len(_early_stop) == 1:
+            stop.set()
+        elif main_task is not None:
+            main_task.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     if _early_stop:
         stop.set()
+        if len(_early_stop) > 1 and main_task is not None:
+            main_task.cancel()
     return stop
+
+
+def _early_signal(signum: int, _frame: object) -> None:
+    """SIGTERM/SIGINT before the event loop took them over (or after it closed): the first one
+    means "stop cleanly" (no KeyboardInterrupt traceback), a second one exits at once."""
+    _early_stop.append(signum)
+    if len(_early_stop) > 1:
+        raise SystemExit(128 + signum)
+
+
+def _run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> int:
+    """``asyncio.run(main())`` for a worker or ticker whose ``main`` uses :func:`_stop_on_signals`:
+    0 after a clean drain, 128 + the signal number when a second signal stopped it at once."""
+    early = signal.getsignal(signal.SIGINT) is _early_signal  # started through main()
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:
+        return 128 + (_early_stop[-1] if _early_stop else signal.SIGTERM)
+    finally:
+        if early:  # asyncio restored the defaults when its loop closed: a late signal stays quiet
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, _early_signal)
+    return 0
 
 
 def _configure_logging() -> None:
@@ -157,12 +195,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     from streamsched.ops.status import StatusUnavailable, fetch_status, format_status
 
     try:
-        doc = asyncio.run(fetch_status(args.url))
+        doc = asyncio.run(fetch_status(args.url_arg or args.url))
     except StatusUnavailable as exc:
         print(f"streamsched: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(doc, indent=2) if args.json else format_status(doc))
     return 0
+
+
+async def _serve_status(stack: contextlib.AsyncExitStack, args: argparse.Namespace, metrics: list[Any],
+                        ready: Any) -> None:
+    """Serve /metrics, /status, /healthz and /readyz on --status-host:--status-port until ``stack`` closes."""
+    if args.status_port is None:
+        return
+    from streamsched.ops.status import StatusServer
+
+    server = await stack.enter_async_context(
+        StatusServer(metrics, host=args.status_host, port=args.status_port, ready=ready))
+    print(json.dumps({"status_url": server.url}), file=sys.stderr, flush=True)
+
+
+def _add_status_options(p: argparse.ArgumentParser, *, port_from_env: bool) -> None:
+    # Only `run` reads STREAMSCHED_STATUS_PORT: a worker and a ticker started from one
+    # environment must not both try to bind it.
+    env_port = os.environ.get("STREAMSCHED_STATUS_PORT") if port_from_env else None
+    p.add_argument("--status-port", type=int, default=int(env_port) if env_port else None,
+                   help="serve /status (JSON), /metrics (Prometheus), /healthz and /readyz on this port")
+    p.add_argument("--status-host", default=os.environ.get("STREAMSCHED_STATUS_HOST", "127.0.0.1"),
+                   help="address the status server binds (default 127.0.0.1; 0.0.0.0 in a container)")
 
 
 # --- dlq ------------------------------------------------------------------------------------------
@@ -181,6 +241,46 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     report = asyncio.run(replay(bootstrap, topic, kinds=kinds, limit=args.limit, dry_run=args.dry_run))
     print(json.dumps(report.to_dict()))
     return 0
+
+
+# --- outbox ---------------------------------------------------------------------------------------
+
+def cmd_outbox(args: argparse.Namespace) -> int:
+    """``relay``: publish an outbox table's intents to Kafka until SIGTERM; ``status``: its counts;
+    ``requeue``: give dead intents (of ``--kind``) a fresh set of attempts."""
+    import socket
+
+    from streamsched.model.retry import RetryPolicy
+    from streamsched.outbox import Outbox
+
+    if not args.dsn:
+        raise ConfigError("outbox needs --dsn (sqlite:///path.db or postgresql://...) "
+                          "or STREAMSCHED_OUTBOX_DSN")
+    outbox = Outbox(args.dsn, table=args.table, lease_s=args.lease_s, batch_size=args.batch_size,
+                    policy=RetryPolicy(maximum_attempts=args.max_attempts))
+    if args.action in ("status", "requeue"):
+        async def once() -> Any:
+            async with outbox:
+                if args.action == "requeue":
+                    return {"requeued": await outbox.requeue_dead(args.kind)}
+                return (await outbox.counts()).as_dict()
+
+        print(json.dumps(asyncio.run(once())))
+        return 0
+    bootstrap = resolve_bootstrap(args.bootstrap)
+    worker_id = args.worker_id or f"relay-{socket.gethostname()}-{os.getpid()}"
+
+    async def main() -> None:
+        stop = _stop_on_signals()
+        async with outbox, contextlib.AsyncExitStack() as stack:
+            if args.create_schema:
+                await outbox.ensure_schema()
+            await _serve_status(stack, args, [outbox.metrics], lambda: True)
+            await outbox.relay(worker_id, stop, kafka=bootstrap)
+        print(json.dumps(outbox.metrics.snapshot()), file=sys.stderr)
+
+    _configure_logging()
+    return _run_service(main)
 
 
 # --- emit -----------------------------------------------------------------------------------------
@@ -216,10 +316,8 @@ def event_from_json(doc: dict[str, Any]) -> Any:
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
-
-    from streamsched.model.identity import route_key
+    from streamsched.kafka.producer import Producer, encode_event
     from streamsched.model.names import validate_name
-    from streamsched.wire.transition import encode_transition
 
     validate_name(args.topic, "topic")
     try:
@@ -229,16 +327,15 @@ def cmd_emit(args: argparse.Namespace) -> int:
     if not isinstance(doc, dict):
         raise ConfigError("--json must be an object")
     ev = event_from_json(doc)
-    key = args.key.encode() if args.key else route_key(ev.tenant, ev.target)
+    key, _ = encode_event(ev)
+    if args.key and args.key.encode() != key:
+        # Any other key puts the identity on a partition its owner never sees (dead-lettered).
+        raise ConfigError("--key must be the event's route key (omit it: emit sets the route key)")
     bootstrap = resolve_bootstrap(args.bootstrap)
 
     async def send() -> Any:
-        producer = clients.producer(bootstrap)
-        await producer.start()
-        try:
-            return await producer.send_and_wait(args.topic, encode_transition(ev), key=key)
-        finally:
-            await producer.stop()
+        async with Producer(bootstrap) as producer:
+            return await producer.send(args.topic, ev)
 
     md = asyncio.run(send())
     print(json.dumps({"topic": md.topic, "partition": md.partition, "offset": md.offset,
@@ -284,6 +381,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             return 0 if found else 1
         if args.action == "list":
             infos = await catalog.list()
+            if infos.skipped_corrupt:
+                print(f"{infos.skipped_corrupt} unreadable records skipped", file=sys.stderr)
             if args.json:
                 print(json.dumps([i.as_dict() for i in infos]))
                 return 0
@@ -295,6 +394,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             return 0
         if args.action == "history":
             rows = await catalog.history(args.name)
+            if rows.skipped_corrupt:
+                print(f"{rows.skipped_corrupt} unreadable records skipped", file=sys.stderr)
             for r in rows:
                 cause = f" {r.cause_kind}/{r.cause_category}" if r.cause_kind else ""
                 print(f"{_fmt_ns(r.at_ns)}  {r.occurrence:<40} attempt {r.attempt}  {r.state}{cause}")
@@ -302,11 +403,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown schedule action {args.action}")
 
     if args.action == "tick":
-        return _run_ticker(catalog)
+        return _run_ticker(catalog, args)
     return asyncio.run(run())
 
 
-def _run_ticker(catalog: Any) -> int:
+def _run_ticker(catalog: Any, args: argparse.Namespace) -> int:
     from streamsched.schedules.ticker import Ticker, TickerConfig
     from streamsched.worker.intake import worker_config_from_env
 
@@ -318,12 +419,31 @@ def _run_ticker(catalog: Any) -> int:
     async def main() -> None:
         stop = _stop_on_signals()
         ticker = Ticker(catalog, config)
-        await ticker.run(stop)
+        async with contextlib.AsyncExitStack() as stack:
+            # getattr: `ready` is new on Ticker; until it exists the ticker reports not ready.
+            await _serve_status(stack, args, [ticker.metrics],
+                                lambda: getattr(ticker, "ready", False) is True)
+            await ticker.run(stop)
         print(json.dumps(ticker.metrics.snapshot()), file=sys.stderr)
 
     _configure_logging()
-    asyncio.run(main())
-    return 0
+    return _run_service(main)
+
+
+_SCHEDULE_EPILOG = """\
+missed boundaries (--policy), after downtime:
+  The missed boundaries are those after the last one planned, up to and including now; say D.
+  catch_up  fires the first 64 in order, then the latest (the current occurrence):
+            D <= 65: all D fire, none skipped; D > 65: 65 fire, the D - 65 between the
+            64th and the latest are skipped.
+  coalesce  fires only the latest; D - 1 are skipped.
+  Skipped boundaries never fire and get no history row; `schedule list` counts them.
+  Example, D = 100: catch_up fires the 1st-64th and the 100th, skips 35;
+  coalesce fires the 100th, skips 99. One run fires at most 65 occurrences per schedule.
+
+list/history print "N unreadable records skipped" on stderr when the catalog holds records
+they cannot decode.
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,9 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("app", help="MODULE:ATTR of a streamsched.App")
     r.add_argument("--scheduler", default=None)
     r.add_argument("--bootstrap", default=None)
-    env_port = os.environ.get("STREAMSCHED_STATUS_PORT")
-    r.add_argument("--status-port", type=int, default=int(env_port) if env_port else None,
-                   help="serve JSON status (/status) and Prometheus metrics (/metrics) on 127.0.0.1:N")
+    _add_status_options(r, port_from_env=True)
     r.set_defaults(fn=cmd_run)
 
     dq = sub.add_parser("dlq", help="list dead letters, or replay them to their source topic")
@@ -365,6 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     dq.set_defaults(fn=cmd_dlq)
 
     st = sub.add_parser("status", help="print a running worker's counters, gauges and last error")
+    st.add_argument("url_arg", nargs="?", default=None, metavar="URL",
+                    help="status server, e.g. http://127.0.0.1:9464 (same as --url)")
     st.add_argument("--url", default=os.environ.get("STREAMSCHED_STATUS_URL", "http://127.0.0.1:9464"))
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_status)
@@ -376,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--bootstrap", default=None)
     e.set_defaults(fn=cmd_emit)
 
-    sc = sub.add_parser("schedule", help="durable schedules: add, rm, enable, disable, list, history, tick")
+    sc = sub.add_parser("schedule", help="durable schedules: add, rm, enable, disable, list, history, tick",
+                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_SCHEDULE_EPILOG)
     sc.add_argument("action", choices=["add", "rm", "enable", "disable", "list", "history", "tick"])
     sc.add_argument("name", nargs="?", default=None)
     sc.add_argument("spec", nargs="?", default=None, help="@every 5m | @at 2026-12-24T18:00:00Z | cron")
@@ -384,13 +505,30 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--payload", default=None, help="JSON document carried by every occurrence")
     sc.add_argument("--type", default="due", help="transition type of the occurrences")
     sc.add_argument("--tenant", default="")
-    sc.add_argument("--policy", choices=["catch_up", "coalesce"], default="catch_up")
+    sc.add_argument("--policy", choices=["catch_up", "coalesce"], default="catch_up",
+                    help="what fires after downtime (see below; default catch_up)")
     sc.add_argument("--timezone", default=None, help="IANA zone for cron specs")
     sc.add_argument("--catalog", default="default")
     sc.add_argument("--partitions", type=int, default=4, help="partitions of a new catalog's topics")
     sc.add_argument("--json", action="store_true")
     sc.add_argument("--bootstrap", default=None)
+    _add_status_options(sc, port_from_env=False)  # used by `tick`
     sc.set_defaults(fn=cmd_schedule)
+
+    ob = sub.add_parser("outbox", help="relay an outbox table's intents to Kafka; show or requeue them")
+    ob.add_argument("action", choices=["relay", "status", "requeue"])
+    ob.add_argument("--dsn", default=os.environ.get("STREAMSCHED_OUTBOX_DSN"),
+                    help="sqlite:///path.db, sqlite:////abs/path.db or postgresql://...")
+    ob.add_argument("--table", default="streamsched_outbox")
+    ob.add_argument("--worker-id", default=None, help="lease owner name (default relay-<host>-<pid>)")
+    ob.add_argument("--batch-size", type=int, default=16, help="intents claimed per round (max 64)")
+    ob.add_argument("--lease-s", type=float, default=30.0, help="lease: the longest one delivery may take")
+    ob.add_argument("--max-attempts", type=int, default=5, help="deliveries before an intent is dead")
+    ob.add_argument("--kind", default=None, help="requeue: only dead intents of this kind")
+    ob.add_argument("--create-schema", action="store_true", help="relay: create the table if missing")
+    ob.add_argument("--bootstrap", default=None)
+    _add_status_options(ob, port_from_env=False)
+    ob.set_defaults(fn=cmd_outbox)
     return parser
 
 
@@ -407,9 +545,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"streamsched: schedule {args.action} needs {', '.join(missing)}", file=sys.stderr)
             return 2
     if args.fn is cmd_run or (args.fn is cmd_schedule and args.action == "tick"):
-        # A SIGTERM that arrives while the worker is still importing must mean "stop cleanly",
-        # not the default of dying mid-start.
-        signal.signal(signal.SIGTERM, lambda signum, _frame: _early_stop.append(signum))
+        # A SIGTERM or SIGINT that arrives while the worker is still importing must mean "stop
+        # cleanly", not dying mid-start (or a KeyboardInterrupt traceback); a second one exits.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _early_signal)
     try:
         return int(args.fn(args))
     except StreamschedError as exc:

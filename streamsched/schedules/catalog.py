@@ -14,20 +14,27 @@ schedule: partition ownership plus the ticker's fenced transactional producer is
 :class:`Catalog` is the client side: ``schedule`` upserts by name, ``unschedule`` deletes,
 ``enable``/``disable`` advance the definition version (which makes the ticker reset the state),
 ``list`` and ``history`` read the topics.
+
+Reads never drop a record silently (defect 4h): a record whose key or value does not decode, or
+whose definition no longer parses, is skipped, counted in the result's ``skipped_corrupt``
+(:class:`Listing`, :class:`Latest`) and reported in one warning line per read that names the
+topic, the count and the first offending partition and offset, never the bytes. The rule for a
+key whose newest record is unreadable matches the ticker's: its last readable record stands. A
+skipped record stays counted until compaction removes it, even after a newer good one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import functools
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
-from streamsched.errors import BoundExceeded, ConfigError, DecodeError
+from streamsched.errors import BoundExceeded, ConfigError, DecodeError, InvalidSpec
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import read_topic
@@ -37,8 +44,63 @@ from streamsched.model.limits import MAX_HISTORY_ROWS, MAX_PAYLOAD_BYTES
 from streamsched.model.names import internal_topic, validate_name
 from streamsched.model.schedule import Definition, HistoryRow, Policy, ScheduleInfo, State
 from streamsched.model.specs import parse_spec
-from streamsched.wire.avro import AvroCodec
 from streamsched.wire.schedule import DEFINITION_CODEC, HISTORY_CODEC, STATE_CODEC
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_V = TypeVar("_V")
+# What an unreadable record raises: the codec (DecodeError), from_record on a record of another
+# shape (KeyError, ValueError, TypeError; UnicodeDecodeError for a key is a ValueError) and a
+# definition whose spec no longer parses (InvalidSpec), which the ticker does not run either.
+_UNREADABLE = (DecodeError, KeyError, ValueError, TypeError, InvalidSpec)
+
+
+class Listing(list[_T]):
+    """The rows a catalog read returns, plus ``skipped_corrupt``: how many records it could not
+    decode and skipped. A ``list``, so callers that only iterate keep working."""
+
+    def __init__(self, items: Iterable[_T] = (), *, skipped_corrupt: int = 0) -> None:
+        super().__init__(items)
+        self.skipped_corrupt = skipped_corrupt
+
+
+class Latest(dict[str, _V]):
+    """The latest readable value per key of a compacted topic, plus ``skipped_corrupt``."""
+
+    def __init__(self, items: dict[str, _V] | None = None, *, skipped_corrupt: int = 0) -> None:
+        super().__init__(items or {})
+        self.skipped_corrupt = skipped_corrupt
+
+
+class _Skips:
+    """Counts the unreadable records of one read and logs them in one line (no payload)."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.count = 0
+        self.first: tuple[int, int] | None = None
+
+    def add(self, rec: Any) -> None:
+        self.count += 1
+        if self.first is None:
+            self.first = (rec.partition, rec.offset)
+
+    def report(self) -> int:
+        if self.first is not None:
+            log.warning("%d unreadable records skipped in %s (first at partition %d offset %d)",
+                        self.count, self.topic, *self.first)
+        return self.count
+
+
+def _definition(value: bytes) -> Definition:
+    defn = Definition.from_record(DEFINITION_CODEC.decode(value))
+    defn.parsed()
+    return defn
+
+
+def _state(value: bytes) -> State:
+    return State.from_record(STATE_CODEC.decode(value))
 
 
 class Catalog:
@@ -76,7 +138,9 @@ class Catalog:
         return [TopicSpec(self.definitions_topic, n, rf, kind="state"),
                 TopicSpec(self.state_topic, n, rf, kind="state"),
                 TopicSpec(self.history_topic, n, rf, kind="state"),
-                TopicSpec(self.feedback_topic, n, rf, kind="delay",
+                # Nothing parks here (not a delay topic, whose retention rules are its own): attempt
+                # results the ticker consumes, deleted after 7 days as since the catalog's first version.
+                TopicSpec(self.feedback_topic, n, rf, kind="output",
                           config={"cleanup.policy": "delete", "retention.ms": str(7 * 86_400_000)})]
 
     async def ensure_topics(self) -> None:
@@ -84,45 +148,53 @@ class Catalog:
 
     # --- reads ----------------------------------------------------------------------------------
 
-    async def _latest(self, topic: str, codec: AvroCodec) -> dict[str, dict[str, Any]]:
-        """The latest decodable record per key of a compacted topic (tombstones delete)."""
-        out: dict[str, dict[str, Any]] = {}
+    async def _latest(self, topic: str, decode: Callable[[bytes], _V]) -> Latest[_V]:
+        """The latest readable record per key of a compacted topic (tombstones delete)."""
+        out: Latest[_V] = Latest()
+        skips = _Skips(topic)
         for rec in await read_topic(self.bootstrap, topic):
-            key = rec.key.decode() if rec.key else ""
-            if rec.value is None:
-                out.pop(key, None)
-                continue
-            with contextlib.suppress(DecodeError):
-                out[key] = codec.decode(rec.value)
+            try:
+                key = rec.key.decode() if rec.key else ""
+                if rec.value is None:
+                    out.pop(key, None)
+                    continue
+                out[key] = decode(rec.value)
+            except _UNREADABLE:
+                skips.add(rec)  # the key's previous readable record (if any) stands
+        out.skipped_corrupt = skips.report()
         return out
 
-    async def definitions(self) -> dict[str, Definition]:
-        raw = await self._latest(self.definitions_topic, DEFINITION_CODEC)
-        return {k: Definition.from_record(r) for k, r in raw.items()}
+    async def definitions(self) -> Latest[Definition]:
+        return await self._latest(self.definitions_topic, _definition)
 
-    async def states(self) -> dict[str, State]:
-        raw = await self._latest(self.state_topic, STATE_CODEC)
-        return {k: State.from_record(r) for k, r in raw.items()}
+    async def states(self) -> Latest[State]:
+        return await self._latest(self.state_topic, _state)
 
-    async def list(self) -> builtins.list[ScheduleInfo]:
+    async def list(self) -> Listing[ScheduleInfo]:
+        """Every schedule with its state, by name; ``skipped_corrupt`` counts the definition and
+        state records that could not be read."""
         defs, states = await self.definitions(), await self.states()
-        return [ScheduleInfo(d, states.get(n)) for n, d in sorted(defs.items())]
+        return Listing((ScheduleInfo(d, states.get(n)) for n, d in sorted(defs.items())),
+                       skipped_corrupt=defs.skipped_corrupt + states.skipped_corrupt)
 
-    async def history(self, name: str, *, limit: int = MAX_HISTORY_ROWS) -> builtins.list[HistoryRow]:
-        """The retained attempts of ``name`` (at most 256), oldest first."""
+    async def history(self, name: str, *, limit: int = MAX_HISTORY_ROWS) -> Listing[HistoryRow]:
+        """The retained attempts of ``name`` (at most 256), oldest first; ``skipped_corrupt``
+        counts the records under ``name``'s keys that could not be read."""
         validate_name(name, "schedule")
-        rows: dict[str, tuple[int, HistoryRow]] = {}
+        rows: dict[bytes, tuple[int, HistoryRow]] = {}
         prefix = f"{name}/".encode()
+        skips = _Skips(self.history_topic)
         for rec in await read_topic(self.bootstrap, self.history_topic):
             if not rec.key or not rec.key.startswith(prefix) or rec.value is None:
                 continue
             try:
                 row = HistoryRow.from_record(HISTORY_CODEC.decode(rec.value))
-            except DecodeError:
+            except _UNREADABLE:
+                skips.add(rec)
                 continue
-            rows[rec.key.decode()] = (rec.offset, row)
+            rows[rec.key] = (rec.offset, row)
         ordered = [row for _, row in sorted(rows.values(), key=lambda t: t[0])]
-        return ordered[-limit:]
+        return Listing(ordered[-limit:], skipped_corrupt=skips.report())
 
     # --- writes ---------------------------------------------------------------------------------
 

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from streamsched.kafka import clients
+from streamsched.kafka.producer import Producer
 from streamsched.kafka.reads import group_lag
 from streamsched.model.event import TransitionEvent
-from streamsched.model.identity import route_key
 from streamsched.model.jsonval import json_dumps
 from streamsched.model.names import internal_topic
-from streamsched.wire.transition import encode_transition
 
 if TYPE_CHECKING:
     from streamsched.worker.app import SchedulerDef
@@ -75,25 +74,26 @@ def make_event(type_: str, tenant: str, target: Iterable[str], *, due_ns: int = 
                            produced_ns=time.time_ns())
 
 
-async def produce_events(bootstrap: str, topic: str, events: Iterable[TransitionEvent],
+async def produce_events(conn: clients.Conn | Producer, topic: str, events: Iterable[TransitionEvent],
                          *, raw: Iterable[tuple[bytes | None, bytes | None]] = ()) -> int:
-    """Produce transition events keyed by their route key (plus optional raw key/value pairs)."""
-    producer = clients.producer(bootstrap, linger_ms=5)
-    await producer.start()
-    n = 0
-    try:
-        futures = []
-        for ev in events:
-            futures.append(await producer.send(topic, encode_transition(ev),
-                                               key=route_key(ev.tenant, ev.target)))
-            n += 1
-        for key, value in raw:
-            futures.append(await producer.send(topic, value, key=key))
-            n += 1
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
-    return n
+    """Produce transition events through :class:`~streamsched.kafka.producer.Producer` (route key,
+    home partition, validated before anything is sent), then optional ``raw`` key/value pairs
+    as they are (poison records for tests). ``conn`` may be a started Producer to reuse."""
+    events, raw = list(events), list(raw)
+    if isinstance(conn, Producer):
+        await conn.send_many(topic, events)
+    else:
+        async with Producer(conn, linger_ms=5) as producer:
+            await producer.send_many(topic, events)
+    if raw:
+        # Deliberately outside the Producer: these records are meant to break its contract.
+        plain = clients.producer(conn.connection if isinstance(conn, Producer) else conn, linger_ms=5)
+        await plain.start()
+        try:
+            await asyncio.gather(*[await plain.send(topic, value, key=key) for key, value in raw])
+        finally:
+            await plain.stop()
+    return len(events) + len(raw)
 
 
 @contextlib.asynccontextmanager

@@ -5,6 +5,10 @@ for byte, plus safe ``ss-*`` headers (kind, source topic/partition/offset, attem
 payload-free reason, whether the original was preserved). A record too large to wrap keeps
 only its location: the original stays in the source topic. The writer and the reader live here
 together so the format cannot drift.
+
+Kinds the worker writes: ``decode`` (undecodable, or a malformed origin), ``bound`` (an identity
+bound violated), ``misrouted`` (the key is not the route key), ``terminal`` (a permanent handler
+failure) and :data:`ATTEMPTS_EXHAUSTED` (delivered ``MAX_DELIVERY_ATTEMPTS`` times, never resolved).
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ CORRUPT: Final = "corrupt"
 NO_VALUE_REASON: Final = "record has no value"
 """The worker's reason for a record with a null value: its DeadLetter stores ``original = b""``,
 and replay restores the null."""
+ATTEMPTS_EXHAUSTED: Final = "attempts_exhausted"
+"""Kind (and the stored outcome's ``error_kind``) of an item past its last delivery attempt."""
+ATTEMPTS_EXHAUSTED_REASON: Final = "delivery attempts exhausted"
 _KIND: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _INT_TEXT: Final = re.compile(r"-?[0-9]{1,19}")
 _TEXT_LIMIT: Final = 200

@@ -4,12 +4,22 @@ Definitions, states and history rows are Avro records (schema ids 4, 5, 6). A fi
 ``origin`` (written by the ticker, read back by target workers to report an attempt's result on
 the catalog's feedback topic) is ``sched:<catalog>:<name>:<version>:<planned_ns>``; the writer
 :func:`occurrence_origin` and the reader :func:`parse_origin` live here together.
+
+An origin is checked when a transition is decoded (:func:`origin_problem`): a malformed one
+would otherwise only fail when the worker derives the feedback topic from it, inside the
+release transaction, and stall the partition. It must be ``None`` or well formed: a valid
+catalog name whose feedback topic name is legal, a valid schedule name, a version >= 0 and a
+planned time, both canonical decimal integers within int64.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Final
 
+from streamsched.errors import InvalidName
+from streamsched.model.names import internal_topic, validate_name
 from streamsched.model.schedule import Definition
 from streamsched.wire.avro import AvroCodec
 
@@ -17,6 +27,11 @@ DEFINITION_CODEC = AvroCodec("schedule_definition")
 STATE_CODEC = AvroCodec("schedule_state")
 HISTORY_CODEC = AvroCodec("history")
 ORIGIN_PREFIX = "sched:"
+ORIGIN_PROBLEM: Final = "origin: malformed"
+"""The fixed, payload-free reason a transition with a malformed ``origin`` is refused for."""
+_VERSION: Final = re.compile(r"0|[1-9][0-9]{0,18}")
+_PLANNED: Final = re.compile(r"0|-?[1-9][0-9]{0,18}")
+_INT64_MAX: Final = 2**63 - 1
 
 
 def occurrence_origin(catalog: str, defn: Definition, planned_ns: int) -> str:
@@ -43,14 +58,40 @@ class Occurrence:
     def occurrence(self) -> str:
         return f"{self.schedule_id}/{self.planned_ns}"
 
+    @property
+    def feedback_topic(self) -> str:
+        """The catalog's topic this occurrence's attempt results are reported on."""
+        return internal_topic("schedules", self.catalog, "feedback")
+
 
 def parse_origin(origin: str | None) -> Occurrence | None:
+    """The occurrence ``origin`` names, or ``None`` if it is absent or not well formed.
+
+    Strict (no signs, spaces or underscores in the numbers; names validated), so that whatever
+    parses here can be written back to its catalog without an error.
+    """
     if not origin or not origin.startswith(ORIGIN_PREFIX):
         return None
     parts = origin[len(ORIGIN_PREFIX):].split(":")
     if len(parts) != 4:
         return None
-    try:
-        return Occurrence(parts[0], parts[1], int(parts[2]), int(parts[3]))
-    except ValueError:
+    catalog, name, version, planned = parts
+    if not (_VERSION.fullmatch(version) and _PLANNED.fullmatch(planned)):
         return None
+    v, p = int(version), int(planned)
+    if v > _INT64_MAX or not -_INT64_MAX - 1 <= p <= _INT64_MAX:
+        return None
+    try:
+        validate_name(name, "schedule")
+        occ = Occurrence(validate_name(catalog, "catalog"), name, v, p)
+        occ.feedback_topic  # noqa: B018 - the derived topic name must be legal too
+    except InvalidName:
+        return None
+    return occ
+
+
+def origin_problem(origin: str | None) -> str | None:
+    """:data:`ORIGIN_PROBLEM` unless ``origin`` is ``None`` or a well-formed occurrence origin."""
+    if origin is None or parse_origin(origin) is not None:
+        return None
+    return ORIGIN_PROBLEM

@@ -2,6 +2,11 @@
 
 The writer and the reader live together: anything :func:`decode_transition` would reject,
 :func:`encode_transition` refuses to write, so no poison record is ever produced by us.
+
+Besides the field bounds of :func:`~streamsched.model.event.transition_problem`, the ``origin``
+must be absent or a well-formed occurrence origin (:func:`~streamsched.wire.schedule.origin_problem`):
+a malformed one is a decode error, so the worker dead-letters it instead of failing later when it
+reports the attempt to the origin's catalog.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from streamsched.errors import DecodeError
 from streamsched.model.event import TransitionEvent, transition_problem
 from streamsched.model.jsonval import Buffer
 from streamsched.wire.avro import get_codec
+from streamsched.wire.schedule import origin_problem
 
 __all__ = ["TransitionEvent", "decode_transition", "encode_transition"]
 
@@ -18,7 +24,7 @@ def encode_transition(ev: TransitionEvent) -> bytes:
     """Wire bytes of ``ev``; refuses (``DecodeError("encode: ...")``) anything
     :func:`decode_transition` would reject, so no poison record is ever produced."""
     data = get_codec("transition").encode(ev.to_record())
-    problem = transition_problem(ev)
+    problem = _problem(ev)
     if problem is not None:
         raise DecodeError(f"encode: {problem}")
     return data
@@ -28,7 +34,8 @@ def decode_transition(data: Buffer) -> TransitionEvent:
     """Decode and bound-check a transition event; raises only :class:`DecodeError`.
 
     Besides the :meth:`AvroCodec.decode` reasons: ``"bound: <field>"`` for a field outside
-    its bound and ``"payload: invalid json"`` / ``"payload: bound: json depth"``.
+    its bound, ``"payload: invalid json"`` / ``"payload: bound: json depth"`` and
+    ``"origin: malformed"``.
     """
     rec = get_codec("transition").decode(data)
     ev = TransitionEvent(
@@ -42,7 +49,11 @@ def decode_transition(data: Buffer) -> TransitionEvent:
         attempt=rec["attempt"],
         origin=rec["origin"],
     )
-    problem = transition_problem(ev)
+    problem = _problem(ev)
     if problem is not None:
         raise DecodeError(problem)
     return ev
+
+
+def _problem(ev: TransitionEvent) -> str | None:
+    return transition_problem(ev) or origin_problem(ev.origin)

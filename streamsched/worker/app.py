@@ -38,6 +38,7 @@ from streamsched.model.limits import (
     check_range,
 )
 from streamsched.model.names import internal_topic, validate_name
+from streamsched.model.retry import RetryPolicy
 from streamsched.wire.transition import encode_transition
 
 
@@ -191,7 +192,12 @@ Handler = Callable[[Turn], Awaitable[None]]
 
 @dataclass(frozen=True)
 class SchedulerDef:
-    """One scheduler role and its tuning; built by :meth:`App.scheduler`."""
+    """One scheduler role and its tuning; built by :meth:`App.scheduler`.
+
+    ``retry`` is how failed handler attempts are retried (``App.scheduler(..., retry=RetryPolicy(...))``).
+    The older spelling ``extra={"retry": policy}`` still works: it is moved into ``retry`` (giving
+    both, with different policies, is a :class:`ConfigError`).
+    """
 
     name: str
     topic: str
@@ -203,9 +209,19 @@ class SchedulerDef:
     claim_duration_s: float = 30.0
     selection_wait_s: float = 1.0
     group: str = ""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigError("retry must be a streamsched RetryPolicy")
+        legacy = self.extra.get("retry")
+        if legacy is not None:
+            if not isinstance(legacy, RetryPolicy):
+                raise ConfigError('extra["retry"] must be a streamsched RetryPolicy')
+            if self.retry not in (RetryPolicy(), legacy):
+                raise ConfigError('retry given twice (retry= and extra["retry"]) with different policies')
+            object.__setattr__(self, "retry", legacy)
         validate_name(self.name, "scheduler")
         validate_name(self.topic, "topic")
         validate_name(self.attempt_kind, "attempt kind")
@@ -256,7 +272,11 @@ class App:
 
     def scheduler(self, *, topic: str, selection: Selection, commands: Iterable[Command],
                   name: str | None = None, **options: Any) -> Callable[[Handler], Handler]:
-        """Declare a scheduler; the decorated async function is its handler."""
+        """Declare a scheduler; the decorated async function is its handler.
+
+        ``options`` are the tuning fields of :class:`SchedulerDef` (``retry``, ``max_in_flight``,
+        ``claim_duration_s``, ...).
+        """
 
         def wrap(handler: Handler) -> Handler:
             if not inspect.iscoroutinefunction(handler):

@@ -1,8 +1,14 @@
 """Step 4 of the turn: run one item's handler with its immutable context, and decide what a
-failure means (retry in place, park for a long backoff, or a terminal outcome).
+failure means (retry in place, park for a longer backoff, or a terminal outcome).
 
 Pure with respect to Kafka: this module never writes anything. It returns an
 :class:`Execution`, which the turn writes in its next transaction.
+
+The items of a batch execute concurrently and resolve together, so time a failing item spends
+waiting holds every healthy item of its batch and the partition's commit. A delivery therefore
+waits in place for at most ONE backoff step, and only a short one
+(:data:`IN_PLACE_RETRY_LIMIT_S`); any further retry is parked in the delay topic and comes back
+through the due index, releasing the partition meanwhile.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ from streamsched.model.jsonval import json_dumps
 from streamsched.model.retry import RetryPolicy, compute_backoff, normalize_failure
 from streamsched.worker.app import CommandContext, Commands, Emit, SchedulerDef, Turn
 
-IN_PLACE_RETRY_LIMIT_S = 2.0
-"""Backoffs up to this long wait inside the turn; longer ones end the attempt (see README)."""
+IN_PLACE_RETRY_LIMIT_S = 0.25
+"""The longest backoff a delivery waits in place (once); longer ones, and every second retry of
+the same delivery, are parked in the delay topic."""
 
 
 @dataclass(slots=True)
@@ -45,6 +52,7 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
         return None
     deadline = st.lease_expires_ns
     attempt = ev.attempt
+    waited_in_place = False
     while True:
         ctx = CommandContext(idempotency_key=st.identity, fence=st.fence, attempt=attempt,
                              ordinal=st.ordinal, scheduled_ns=ev.due_ns, scheduler=s.name,
@@ -59,14 +67,17 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
             metrics.error(exc)
             delay = compute_backoff(retry, attempt, rand=rng.random())
             fits = clock() + int(delay * 1e9) < deadline
-            if failure.retryable and delay <= IN_PLACE_RETRY_LIMIT_S and fits:
+            if failure.retryable and not waited_in_place and delay <= IN_PLACE_RETRY_LIMIT_S and fits:
+                # One short step in place saves a delay-topic round trip for a blip; a second
+                # one would hold the healthy items of this batch again.
+                waited_in_place = True
                 metrics.inc("retries")
                 await asyncio.sleep(delay)
                 attempt += 1
                 continue
             if failure.retryable:
-                # Too long to wait holding the partition: park it in the delay topic, release
-                # the claim without an outcome, and let the offset move on.
+                # Too long (or too often) to wait holding the partition: park it in the delay
+                # topic, release the claim without an outcome, and let the offset move on.
                 metrics.inc("retries_parked")
                 return Execution(park_until_ns=clock() + int(delay * 1e9), attempt_next=attempt + 1)
             metrics.inc("terminal", kind=failure.cause_kind)

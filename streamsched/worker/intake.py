@@ -6,12 +6,14 @@ transactional producer whose ``transactional.id`` is bound to the partition
 (``streamsched.<group>.<topic>.<p>``). A new owner's ``init_transactions`` bumps the producer
 epoch, which aborts the old owner's open transaction and makes every later write *and* offset
 commit of the old owner fail with ``ProducerFenced``. Only after that does the new owner read
-the state partition to its end (read_committed) and resume the partition, so it always sees
-the last fence any owner committed.
+the state partition to its end (read_committed), read the committed offsets of its transition
+and delay partitions, and resume from there, so it always sees the last fence and the last
+offset any owner committed.
 
-The per-partition turn (see :mod:`streamsched.turn`) runs batches of up to ``max_in_flight``
-items: claims in one transaction, commands concurrently, then outcomes + releases + emitted
-events + dead letters + the offset in a second transaction.
+The partition lifecycle (fenced start, restore, ready/stopping/failed, restart with backoff,
+give-up, rebalance callbacks serialised with this intake) is :mod:`streamsched.kafka.owner`;
+this module supplies the worker's body (:class:`PartitionRunner`: a queue and the turn loop of
+:mod:`streamsched.worker.turn`) and the intake that feeds it.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamsched.errors import ConfigError, FencedOut
+from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply, partition_count
-from streamsched.kafka.owner import finish_or_cancel
+from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.metrics import Metrics
 from streamsched.wire.delay import due_ns
 from streamsched.worker.app import SchedulerDef
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 
 SWEEP_DEADLINE_S = 0.005
 """Time one intake round may spend moving due work (pages of at most 32) into partitions."""
+OFFSET_LOOKUP_S = 30.0
+"""Bound on one committed-offset lookup during restore (it must never hang a restore)."""
 
 
 @dataclass(frozen=True)
@@ -62,86 +66,48 @@ class WorkerConfig:
     """Re-driven records held in memory at most; past it, delay intake pauses."""
     commit_interval_s: float = 0.2
     """Under load, offsets ride in a transaction at most this often (always when idle)."""
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    """Backoff and give-up of a partition whose owner failed (see :mod:`streamsched.kafka.owner`)."""
 
 
 class PartitionRunner:
-    """Owns one assigned partition: its fenced producer, its state and its turn loop."""
+    """The worker's body for one owned partition: its record queue and its turn loop."""
 
-    def __init__(self, worker: Worker, partition: int) -> None:
-        self.worker = worker
-        self.partition = partition
+    def __init__(self, owner: PartitionOwner[PartitionRunner], scheduler: SchedulerDef, turns: TurnRunner,
+                 resume: dict[Any, int]) -> None:
+        self.owner = owner
+        self.scheduler = scheduler
+        self.turns = turns
         self.queue: deque[Any] = deque()
         self.wake = asyncio.Event()
-        self.ready = False
-        self.stopping = False
-        self.failed: BaseException | None = None
-        self.producer: Any = None
-        self.turns: TurnRunner | None = None
-        self.task = asyncio.get_running_loop().create_task(self._main(), name=f"partition-{partition}")
+        self.resume: dict[Any, int] | None = resume
+        """Where intake seeks the transition and delay partitions before offering anything
+        (None once done): records fetched before that belong to an earlier owner's position."""
 
     @property
-    def transactional_id(self) -> str:
-        s = self.worker.scheduler
-        return f"streamsched.{s.group}.{s.topic}.{self.partition}"
+    def partition(self) -> int:
+        return self.owner.partition
 
     def offer(self, records: list[Any]) -> None:
         self.queue.extend(records)
         self.wake.set()
 
-    async def _main(self) -> None:
-        from aiokafka.errors import ProducerFenced
-
-        w = self.worker
-        try:
-            self.producer = clients.transactional_producer(
-                w.config.bootstrap, self.transactional_id,
-                max_batch_size=1024 * 1024,
-                max_request_size=2 * 1024 * 1024,
-                request_timeout_ms=30_000,
-                transaction_timeout_ms=60_000,
-                client_id=f"{w.config.owner}-p{self.partition}",
-            )
-            await self.producer.start()  # init_transactions: fences every earlier owner
-            state = await restore(w.config.bootstrap, w.scheduler.state_topic, self.partition)
-            w.metrics.inc("restored_identities", len(state.claims))
-            self.turns = TurnRunner(w.scheduler, self.partition, self.producer, state,
-                                    owner=w.config.owner, metrics=w.metrics,
-                                    commit_interval_s=w.config.commit_interval_s,
-                                    bootstrap=w.config.bootstrap)
-            self.ready = True
-            turns = self.turns
-            while not self.stopping:
-                if not self.queue:
-                    if not turns.idle:
-                        await turns.step(None, flush_offsets=True)
-                        continue
-                    self.wake.clear()
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self.wake.wait(), w.scheduler.selection_wait_s)
+    async def run(self) -> None:
+        """Turns until the owner stops, then resolve and commit everything in hand."""
+        s, turns = self.scheduler, self.turns
+        while not self.owner.stopping:
+            if not self.queue:
+                if not turns.idle:
+                    await turns.step(None, flush_offsets=True)
                     continue
-                n = min(len(self.queue), w.scheduler.max_in_flight)
-                batch = turns.prepare([self.queue.popleft() for _ in range(n)])
-                await turns.step(batch)
-            await turns.drain()
-        except ProducerFenced:
-            self.failed = FencedOut(w.scheduler.topic, self.partition)
-            w.metrics.inc("fenced")
-            log.warning("fenced out of %s[%d]", w.scheduler.topic, self.partition)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self.failed = exc
-            w.metrics.error(exc)
-            log.exception("partition %d failed", self.partition)
-
-    async def stop(self, deadline_s: float) -> None:
-        """Finish the batch in hand within ``deadline_s``, else cancel it; never commit after."""
-        self.stopping = True
-        self.wake.set()
-        await finish_or_cancel(self.task, deadline_s)
-        if self.producer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.producer.stop(), 10)
+                self.wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), s.selection_wait_s)
+                continue
+            n = min(len(self.queue), s.max_in_flight)
+            batch = turns.prepare([self.queue.popleft() for _ in range(n)])
+            await turns.step(batch)
+        await turns.drain()
 
 
 class Worker:
@@ -151,10 +117,29 @@ class Worker:
         self.scheduler = scheduler
         self.config = config
         self.metrics = metrics or Metrics(scheduler.name)
-        self.runners: dict[int, PartitionRunner] = {}
         self.consumer: Any = None
         self.assigned = asyncio.Event()
         self.due = DueIndex(max_items=config.due_index_items)
+        s = scheduler
+        spec: OwnerSpec[PartitionRunner] = OwnerSpec(
+            name=s.topic, bootstrap=config.bootstrap,
+            transactional_id=lambda p: f"streamsched.{s.group}.{s.topic}.{p}",
+            producer_options=lambda p: dict(max_batch_size=1024 * 1024, max_request_size=2 * 1024 * 1024,
+                                            request_timeout_ms=30_000, transaction_timeout_ms=60_000,
+                                            client_id=f"{config.owner}-p{p}"),
+            restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s)
+        self.owners: Owners[PartitionRunner] = Owners(spec, self.metrics, on_start=self._hold,
+                                                      on_stop=self._forget)
+
+    @property
+    def ready(self) -> bool:
+        """Every assigned partition restored, running, not fenced and not given up."""
+        return self.owners.ready
+
+    @property
+    def given_up(self) -> frozenset[int]:
+        """Partitions whose owner failed too often in a row (left paused; see RestartPolicy)."""
+        return self.owners.given_up
 
     async def ensure_topics(self) -> None:
         """Create the scheduler's state and dead-letter topics, co-partitioned with its topic."""
@@ -176,15 +161,19 @@ class Worker:
         if self.config.ensure_topics:
             await self.ensure_topics()
         worker = self
+        s = self.scheduler
 
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+            # Both go through the owners' lock, so they never interleave with a restart.
             async def on_partitions_revoked(self, revoked: Any) -> None:
-                await worker._revoke(sorted({tp.partition for tp in revoked}))
+                await worker.owners.revoke({tp.partition for tp in revoked})
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
-                worker._assign(list(assigned))
+                for tp in assigned:
+                    worker.consumer.pause(tp)  # until its owner is restored and has sought
+                await worker.owners.assign({tp.partition for tp in assigned if tp.topic == s.topic})
+                worker.assigned.set()
 
-        s = self.scheduler
         self.consumer = clients.consumer(
             self.config.bootstrap,
             group_id=s.group,
@@ -205,20 +194,59 @@ class Worker:
         finally:
             await self._shutdown()
 
-    def _assign(self, tps: list[Any]) -> None:
-        for tp in tps:
-            self.consumer.pause(tp)
-            if tp.topic == self.scheduler.topic and tp.partition not in self.runners:
-                self.runners[tp.partition] = PartitionRunner(self, tp.partition)
-        self.metrics.set_gauge("partitions", len(self.runners))
-        self.assigned.set()
+    # --- the owner hooks --------------------------------------------------------------------------
 
-    async def _revoke(self, partitions: list[int]) -> None:
-        runners = [self.runners.pop(p) for p in partitions if p in self.runners]
-        for p in partitions:
-            self.due.remove_partition(p)  # uncommitted, so the next owner re-reads them
-        await asyncio.gather(*(r.stop(self.config.shutdown_deadline_s) for r in runners))
-        self.metrics.set_gauge("partitions", len(self.runners))
+    def _tps(self, partition: int) -> list[Any]:
+        from aiokafka import TopicPartition
+
+        return [TopicPartition(self.scheduler.topic, partition),
+                TopicPartition(self.scheduler.delay_topic, partition)]
+
+    def _hold(self, partition: int) -> None:
+        """An owner starts: nothing of the partition is fetched until it is restored."""
+        assignment = self.consumer.assignment()
+        for tp in self._tps(partition):
+            if tp in assignment:
+                self.consumer.pause(tp)
+
+    def _forget(self, partition: int) -> None:
+        """An owner is gone: pause the partition and drop its parked work (uncommitted, so the
+        next owner reads it again)."""
+        self._hold(partition)
+        self.due.remove_partition(partition)
+
+    async def _restore(self, owner: PartitionOwner[PartitionRunner]) -> Body[PartitionRunner]:
+        p = owner.partition
+        state = await restore(self.config.bootstrap, self.scheduler.state_topic, p)
+        self.metrics.inc("restored_identities", len(state.claims))
+        turns = TurnRunner(self.scheduler, p, owner.producer, state,
+                           owner=self.config.owner, metrics=self.metrics,
+                           commit_interval_s=self.config.commit_interval_s,
+                           bootstrap=self.config.bootstrap)
+        # Resume from the committed offsets, read after our fence: no earlier owner can move
+        # them any more, and a failed batch of a previous owner of ours comes back.
+        resume: dict[Any, int] = {}
+        committed: list[int | None] = []
+        for tp in self._tps(p):
+            offset = await asyncio.wait_for(self.consumer.committed(tp), OFFSET_LOOKUP_S)
+            committed.append(None if offset is None else int(offset))
+            if offset is None:
+                offset = (await self.consumer.beginning_offsets([tp]))[tp]
+            resume[tp] = int(offset)
+        # Seeded, a partition that receives nothing still steps over trailing markers (4n).
+        turns.offsets.seed(committed[0], committed[1])
+        runner = PartitionRunner(owner, self.scheduler, turns, resume)
+        return Body(part=runner, run=runner.run, wake=runner.wake.set)
+
+    def _live(self, partition: int) -> PartitionRunner | None:
+        """The partition's runner if it may take records now."""
+        owner = self.owners.get(partition)
+        if owner is None or not owner.ready or owner.stopping or owner.failed is not None:
+            return None
+        runner = owner.part
+        return runner if runner is not None and runner.resume is None else None
+
+    # --- intake ---------------------------------------------------------------------------------------
 
     async def _intake(self, stop: asyncio.Event) -> None:
         from aiokafka import TopicPartition
@@ -229,29 +257,32 @@ class Worker:
         while not stop.is_set():
             batch = await self.consumer.getmany(timeout_ms=100, max_records=bound * 4)
             for tp, records in batch.items():
-                runner = self.runners.get(tp.partition)
-                if runner is None or runner.stopping or runner.failed is not None or runner.turns is None:
-                    continue
+                runner = self._live(tp.partition)
+                if runner is None:
+                    continue  # re-read from the committed offset by the partition's next owner
                 if tp.topic == delay_topic:
                     self._park(tp, records, runner)
                 else:
                     runner.turns.offsets.note_offered(records[-1].offset)
                     runner.offer(records)
+            self._seek_restored()
             self._sweep()
+            await self.owners.supervise()
             lag = 0
-            for p, runner in list(self.runners.items()):
+            for p, owner in self.owners.items():
                 tp = TopicPartition(topic, p)
-                high = self.consumer.highwater(tp)
+                high = self._highwater(tp)
                 if high is not None:
                     with contextlib.suppress(Exception):
-                        lag += max(0, high - await self.consumer.position(tp)) + len(runner.queue)
-                crashed = runner.task.done() and runner.failed is not None
-                if crashed and not isinstance(runner.failed, FencedOut):
-                    await self._restart(p)
-                    continue
-                if runner.turns is not None and not runner.queue:
-                    await self._skip_markers(p, runner)
-                want_pause = not runner.ready or runner.failed is not None or len(runner.queue) >= bound
+                        lag += max(0, high - await self.consumer.position(tp))
+                if self.owners.get(p) is not owner:
+                    continue  # revoked or replaced while we awaited
+                runner = self._live(p)
+                if runner is not None:
+                    lag += len(runner.queue)
+                    if not runner.queue:
+                        await self._skip_markers(p, runner)
+                want_pause = runner is None or len(runner.queue) >= bound
                 self._set_paused(tp, want_pause)
                 # The due index is bounded: when it is full, delay intake pauses (nothing is lost;
                 # the records stay in the delay topic).
@@ -259,18 +290,35 @@ class Worker:
             self.metrics.set_gauge("lag", lag)
             self.metrics.set_gauge("due_items", len(self.due))
 
-    async def _skip_markers(self, partition: int, runner: PartitionRunner) -> None:
-        from aiokafka import TopicPartition
+    def _highwater(self, tp: Any) -> int | None:
+        if tp not in self.consumer.assignment():
+            return None
+        high = self.consumer.highwater(tp)
+        return int(high) if high is not None else None
 
-        assert runner.turns is not None
+    def _seek_restored(self) -> None:
+        """Move freshly restored partitions to where their owner resumes (synchronous: the
+        assignment cannot change between the check and the seek)."""
+        for _, owner in self.owners.items():
+            runner = owner.part
+            if runner is None or runner.resume is None or not owner.ready:
+                continue
+            assignment = self.consumer.assignment()
+            for tp, offset in runner.resume.items():
+                if tp in assignment:
+                    self.consumer.seek(tp, offset)
+            runner.resume = None
+
+    async def _skip_markers(self, partition: int, runner: PartitionRunner) -> None:
         positions: list[int | None] = []
-        for topic in (self.scheduler.topic, self.scheduler.delay_topic):
-            tp = TopicPartition(topic, partition)
+        for tp in self._tps(partition):
             pos = None
-            if tp in self.consumer.assignment() and self.consumer.highwater(tp) is not None:
+            if self._highwater(tp) is not None:
                 with contextlib.suppress(Exception):
                     pos = await self.consumer.position(tp)
             positions.append(pos)
+        if self._live(partition) is not runner:
+            return  # the partition changed hands while we awaited
         before = runner.turns.offsets.unsent()
         runner.turns.offsets.skip_markers(positions[0], positions[1])
         if not before and runner.turns.offsets.unsent():
@@ -287,7 +335,6 @@ class Worker:
 
     def _park(self, tp: Any, records: list[Any], runner: PartitionRunner) -> None:
         """Index re-driven records by due time; they reach the turn when due (see _sweep)."""
-        assert runner.turns is not None
         for i, rec in enumerate(records):
             due = due_ns(rec.headers)
             item = DueItem(key=f"{tp.partition}:{rec.offset}", partition=tp.partition, due_ns=due,
@@ -307,45 +354,19 @@ class Worker:
         while time.monotonic() < deadline:
             page = self.due.sweep(now)
             for item in page:
-                runner = self.runners.get(item.partition)
-                if runner is not None and not runner.stopping:
+                runner = self._live(item.partition)
+                if runner is not None:
                     runner.offer([item.ref])
             if len(page) < self.due.page_size:
                 return
 
-    async def _restart(self, partition: int) -> None:
-        """Rebuild a partition after a non-fencing failure, from its committed offset."""
-        from aiokafka import TopicPartition
-
-        tp = TopicPartition(self.scheduler.topic, partition)
-        old = self.runners.pop(partition)
-        self.due.remove_partition(partition)
-        await old.stop(1.0)
-        self.metrics.inc("partition_restarts")
-        await asyncio.sleep(1.0)
-        if tp not in self.consumer.assignment():
-            return
-        # Re-read from the last committed offset: the failed batch must come back. (With no
-        # committed offset yet that is the beginning; seek_to_committed would do nothing.)
-        for part in (tp, TopicPartition(self.scheduler.delay_topic, partition)):
-            if part not in self.consumer.assignment():
-                continue
-            self.consumer.pause(part)
-            committed = await self.consumer.committed(part)
-            if committed is None:
-                await self.consumer.seek_to_beginning(part)
-            else:
-                self.consumer.seek(part, committed)
-        self.runners[partition] = PartitionRunner(self, partition)
-
     async def _shutdown(self) -> None:
-        runners = list(self.runners.values())
-        self.runners.clear()
-        for r in runners:
-            r.stopping = True
-        await asyncio.gather(*(r.stop(self.config.shutdown_deadline_s) for r in runners))
-        with contextlib.suppress(Exception):
-            await self.consumer.stop()  # leaves the group: the partitions move at once
+        try:
+            await self.owners.close()  # drains; not when this task is being cancelled (hard stop)
+        finally:
+            with contextlib.suppress(Exception):
+                # Leaves the group: the partitions move at once (even after a hard stop).
+                await asyncio.wait_for(self.consumer.stop(), self.config.shutdown_deadline_s)
 
 
 def worker_config_from_env(bootstrap: str | None = None, **overrides: Any) -> WorkerConfig:

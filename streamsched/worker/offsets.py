@@ -47,6 +47,20 @@ class Offsets:
         self.d_high: int | None = None
         self.d_sent: int | None = None
 
+    def seed(self, transition: int | None, delay: int | None) -> None:
+        """Start from the committed offsets (``None``: nothing committed yet).
+
+        A new owner that receives no record must still step over a trailing transaction marker
+        (its position moves past it, its committed offset does not): with the start seeded,
+        the partition is "settled" from the first moment and :meth:`skip_markers` can advance.
+        The caller guarantees that every record the consumer returned is offered to the turn
+        (a record never offered must be sought back to, never skipped).
+        """
+        if transition is not None:
+            self.t_next = self.t_offered = self.t_sent = transition
+        if delay is not None:
+            self.d_high = self.d_sent = delay
+
     def note_delayed(self, offset: int) -> None:
         self.d_outstanding.add(offset)
         self.d_high = max(self.d_high or 0, offset + 1)

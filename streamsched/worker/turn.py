@@ -15,6 +15,29 @@ For a batch of at most ``max_in_flight`` records of one partition:
 One transaction per batch instead of three round trips per item is where the throughput
 comes from (see bench/turns.py). At any committed point at most ``max_in_flight`` items of a
 partition are claimed and unresolved.
+
+Guards the turn applies beyond the six steps:
+
+* Routing. Every event of one identity must execute on one partition owner: the partition its
+  route key maps to under murmur2, as the Java client and aiokafka partition it
+  (:func:`streamsched.kafka.writer.partition_for_key`). A librdkafka-based producer (kcat,
+  confluent-kafka) partitions the same key with CRC32 by default, so a correctly keyed record can
+  land elsewhere. Such a record never executes here: it is FORWARDED, in the transaction that
+  resolves its batch, to its home partition of the same topic (same key, value and headers) and
+  counted in ``forwarded``; its offset here moves on only with that write. (A record whose key
+  is not its route key cannot be routed at all and is dead-lettered as ``misrouted``.)
+* Delivery attempts. Each claim is one delivery (its ordinal). An identity already claimed
+  ``MAX_DELIVERY_ATTEMPTS`` times without an outcome (a handler that keeps crashing its worker)
+  is not executed again: it stores a FAILED outcome (``attempts_exhausted``) and is
+  dead-lettered with that kind, and the offset moves on.
+* Guarded writes. Outcome and release present the fence and revision the item ACQUIRED to the
+  claim state machine, checked against the state the partition holds now, so a state that
+  changed under a claim raises StaleFence/RevisionConflict instead of being overwritten.
+* Schedule feedback (see :mod:`streamsched.worker.feedback`) is resolved before the transaction
+  opens and never raises inside it.
+
+Size: a little over 400 lines because these guards act on one batch inside one transaction;
+the record formats live in :mod:`streamsched.wire`, handler execution in ``execute``.
 """
 
 from __future__ import annotations
@@ -22,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -31,29 +55,35 @@ from typing import Any
 
 from streamsched import failpoints
 from streamsched.errors import DecodeError, StreamschedError
-from streamsched.kafka.admin import partition_count
-from streamsched.kafka.writer import GroupedWriter
+from streamsched.kafka.writer import GroupedWriter, partition_for_key
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import route_key
-from streamsched.model.names import internal_topic
+from streamsched.model.limits import MAX_DELIVERY_ATTEMPTS, MAX_PARK_S
 from streamsched.model.retry import RetryPolicy
-from streamsched.model.schedule import HistoryRow
 from streamsched.wire.claim import encode_claim
-from streamsched.wire.dead_letter import NO_VALUE_REASON, dead_letter
+from streamsched.wire.dead_letter import (
+    ATTEMPTS_EXHAUSTED,
+    ATTEMPTS_EXHAUSTED_REASON,
+    NO_VALUE_REASON,
+    dead_letter,
+)
 from streamsched.wire.delay import due_headers
-from streamsched.wire.schedule import HISTORY_CODEC, parse_origin
 from streamsched.wire.transition import decode_transition, encode_transition
 from streamsched.worker.app import Emit, SchedulerDef
 from streamsched.worker.execute import execute
+from streamsched.worker.feedback import FeedbackTopics, Lookup, admin_lookup, feedback_record, occurrence_of
 from streamsched.worker.offsets import Offsets
-from streamsched.worker.store import PartitionState
+from streamsched.worker.store import PartitionState, export_corrupt
 
 log = logging.getLogger(__name__)
 
-IN_PLACE_RETRY_LIMIT_S = 2.0
-"""Backoffs up to this long wait inside the turn; longer ones end the attempt (see README)."""
+
+@functools.lru_cache(maxsize=65536)
+def _home_partition(key: bytes, partitions: int) -> int:
+    # murmur2 in pure Python costs microseconds per key; route keys repeat (duplicates, retries).
+    return partition_for_key(key, partitions)
 
 
 @dataclass(slots=True)
@@ -63,7 +93,13 @@ class Item:
     identity: str = ""
     dead: tuple[str, str] | None = None
     follower: bool = False
+    forward: int | None = None
+    """The home partition of a record that arrived on another one (it is forwarded there)."""
     state: ClaimState | None = None
+    fence: int = 0
+    """The fence this item's claim acquired; every later write of the item presents it."""
+    revision: int = 0
+    """The revision this item's claim acquired (the successor its next write expects)."""
     outcome: Outcome | None = None
     category: str = ""
     park_until_ns: int | None = None
@@ -80,6 +116,8 @@ class Batch:
     delayed: list[int]
     """Delay-topic offsets of the re-driven records in this batch."""
     started: float
+    selected: bool = True
+    """False until leaders are picked (that needs the topic's partition count; see ``step``)."""
 
 
 class TurnRunner:
@@ -88,7 +126,12 @@ class TurnRunner:
     def __init__(self, scheduler: SchedulerDef, partition: int, producer: Any, state: PartitionState,
                  *, owner: str, metrics: Metrics, clock: Callable[[], int] = time.time_ns,
                  retry: RetryPolicy | None = None, commit_interval_s: float = 0.2,
-                 bootstrap: str = "") -> None:
+                 bootstrap: str = "", partitions: int | None = None,
+                 feedback_lookup: Lookup | None = None) -> None:
+        """``partitions``: the transition topic's partition count (asked of the producer's
+        metadata before the first batch when not given). ``feedback_lookup``: how a schedule
+        feedback topic's partition count is found (default: an admin request via ``bootstrap``).
+        """
         self.bootstrap = bootstrap
         self.s = scheduler
         self.partition = partition
@@ -97,9 +140,10 @@ class TurnRunner:
         self.owner = owner
         self.metrics = metrics
         self.clock = clock
-        self.retry = retry or scheduler.extra.get("retry") or RetryPolicy()
+        self.retry = retry or scheduler.retry
         self._rng = random.Random()
-        self._known_feedback: set[str] = set()
+        self.partitions = partitions
+        self.feedback = FeedbackTopics(feedback_lookup or admin_lookup(bootstrap), metrics)
         self._state_topic = scheduler.state_topic
         self._dlq_topic = scheduler.dead_letter_topic
         self.commit_interval_s = commit_interval_s
@@ -107,6 +151,7 @@ class TurnRunner:
         self.offsets = Offsets()
         self._delay_topic = scheduler.delay_topic
         self._last_offset_commit = time.monotonic()
+        export_corrupt(state, metrics)
 
     # --- 1. select ----------------------------------------------------------------------------
 
@@ -137,15 +182,41 @@ class TurnRunner:
         return item
 
     def prepare(self, records: list[Any]) -> Batch:
-        """Step 1 for a batch: decode, select, resolve identities, pick one leader per identity."""
+        """Step 1 for a batch: decode, select, resolve identities, pick one leader per identity.
+
+        Picking leaders needs the topic's partition count (the routing check); until it is
+        known the batch is returned unselected and :meth:`step` completes it.
+        """
         items = [self._prepare(r) for r in records]
         self.metrics.inc("records", len(items))
+        transition = [r.offset for r in records if r.topic == self.s.topic]
+        delayed = [r.offset for r in records if r.topic != self.s.topic]
+        batch = Batch(items, [], (transition[-1] + 1) if transition else None, delayed,
+                      time.perf_counter(), selected=False)
+        if self.partitions is not None:
+            self._select(batch, self.partitions)
+        return batch
+
+    async def _ensure_selected(self, batch: Batch) -> None:
+        if batch.selected:
+            return
+        if self.partitions is None:
+            self.partitions = len(await self.producer.partitions_for(self.s.topic))
+        self._select(batch, self.partitions)
+
+    def _select(self, batch: Batch, partitions: int) -> None:
         leaders: list[Item] = []
         seen: set[str] = set()
         now = self.clock()
-        for it in items:
+        for it in batch.items:
             if not it.identity or it.dead is not None or it.event is None:
                 continue
+            if it.record.topic == self.s.topic:
+                # Delay-topic records need no check: the turn parks only items that passed it.
+                home = _home_partition(it.record.key, partitions)
+                if home != self.partition:
+                    it.forward = home
+                    continue
             if it.identity in seen:
                 it.follower = True
                 self.metrics.inc("duplicates_in_batch")
@@ -153,8 +224,11 @@ class TurnRunner:
             seen.add(it.identity)
             st = self.state.get(it.identity)
             if it.event.due_ns > now and st.outcome is None:
-                # A future due time: wait in the delay topic, not in the partition.
-                it.park_until_ns, it.attempt_next = it.event.due_ns, it.event.attempt
+                # A future due time: wait in the delay topic, not in the partition, in hops of at
+                # most MAX_PARK_S (the delay topic's retention covers one hop; an early return
+                # is parked again here).
+                it.park_until_ns = min(it.event.due_ns, now + int(MAX_PARK_S * 1e9))
+                it.attempt_next = it.event.attempt
                 self.metrics.inc("deferred_until_due")
                 continue
             if st.lease_active(now) and st.owner != self.owner:
@@ -166,10 +240,8 @@ class TurnRunner:
                 continue
             leaders.append(it)
         self.metrics.inc("turns", len(leaders))
-        transition = [r.offset for r in records if r.topic == self.s.topic]
-        delayed = [r.offset for r in records if r.topic != self.s.topic]
-        return Batch(items, leaders, (transition[-1] + 1) if transition else None, delayed,
-                     time.perf_counter())
+        batch.leaders = leaders
+        batch.selected = True
 
     @property
     def idle(self) -> bool:
@@ -185,6 +257,12 @@ class TurnRunner:
         partition goes idle): a committed offset may lag resolved work, never lead it.
         """
         pending = self.pending
+        if incoming is not None:
+            await self._ensure_selected(incoming)
+        if pending is not None:
+            # Outside the transaction: never an admin round trip while it is open.
+            await self.feedback.resolve({o.feedback_topic for it in pending.leaders
+                                         if (o := occurrence_of(it.event, it.outcome)) is not None})
         claims = incoming.leaders if incoming is not None else []
         t_mark, d_mark = self.offsets.after(pending)
         changed = t_mark != self.offsets.t_sent or d_mark != self.offsets.d_sent
@@ -198,7 +276,7 @@ class TurnRunner:
         await self.producer.begin_transaction()
         try:
             if pending is not None:
-                await self._write_resolution(pending, view, writer)
+                self._write_resolution(pending, view, writer)
             if claims:
                 self._write_claims(claims, view, writer)
             await writer.flush()
@@ -235,8 +313,10 @@ class TurnRunner:
             self.metrics.set_gauge("committed_offset", float(t_mark or 0), partition=f"p{self.partition}")
             failpoints.hit("after_commit")
         self.pending = incoming
-        if claims:
-            await asyncio.gather(*(self._execute(it) for it in claims))
+        # An item whose attempts are exhausted already holds its (FAILED) outcome: never run it.
+        runnable = [it for it in claims if it.outcome is None]
+        if runnable:
+            await asyncio.gather(*(self._execute(it) for it in runnable))
 
     async def drain(self) -> None:
         """Resolve and commit everything in hand (clean revocation and shutdown)."""
@@ -260,6 +340,13 @@ class TurnRunner:
             cur = view.get(it.identity) or self.state.get(it.identity)
             it.state = cur.acquire(owner=self.owner, now_ns=now, duration_ns=duration,
                                    expected_revision=cur.revision)
+            it.fence, it.revision = it.state.fence, it.state.revision
+            if cur.outcome is None and cur.ordinal >= MAX_DELIVERY_ATTEMPTS:
+                # Delivered MAX_DELIVERY_ATTEMPTS times and never resolved (e.g. its handler
+                # kills the worker): this claim only records the failure, in the release.
+                it.outcome = Outcome(OutcomeKind.FAILED, it.fence, now, error_kind=ATTEMPTS_EXHAUSTED)
+                it.dead = (ATTEMPTS_EXHAUSTED, ATTEMPTS_EXHAUSTED_REASON)
+                it.category = "permanent"
             self._put_state(it.state, view, writer)
 
     # --- 4. execute -------------------------------------------------------------------------------
@@ -276,55 +363,72 @@ class TurnRunner:
 
     # --- 5/6. release + commit --------------------------------------------------------------------
 
-    async def _write_resolution(self, batch: Batch, view: dict[str, ClaimState],
-                                writer: GroupedWriter) -> None:
+    def _write_resolution(self, batch: Batch, view: dict[str, ClaimState], writer: GroupedWriter) -> None:
         # Outcome and release commit in one transaction, so only the final RELEASED snapshot
         # (which carries the outcome) is written; both transitions still run through the
-        # state machine's guards.
+        # state machine's guards, starting from the state the partition holds NOW and
+        # presenting the fence and revision the item acquired.
         for it in batch.leaders:
             assert it.state is not None
+            st = view.get(it.identity) or self.state.get(it.identity)
+            expected = it.revision
             if it.outcome is not None:
-                it.state = it.state.store_outcome(fence=it.state.fence, expected_revision=it.state.revision,
-                                                  outcome=it.outcome)
+                st = st.store_outcome(fence=it.fence, expected_revision=expected, outcome=it.outcome)
+                expected = st.revision
             for emit in it.emits:
                 writer.add(emit.topic, emit.value, key=emit.key)
             if it.outcome is not None and it.event is not None and it.event.origin:
-                await self._schedule_feedback(it, writer)
-            it.state = it.state.release(fence=it.state.fence, expected_revision=it.state.revision)
+                self._schedule_feedback(it, writer)
+            it.state = st.release(fence=it.fence, expected_revision=expected)
             self._put_state(it.state, view, writer)
         for it in batch.items:
             if it.dead is not None:
                 self._dead_letter(it, writer)
             if it.park_until_ns is not None and it.event is not None:
                 self._park(it, writer)
+            if it.forward is not None:
+                self._forward(it, writer)
 
-    async def _schedule_feedback(self, it: Item, writer: GroupedWriter) -> None:
-        """Report a scheduled occurrence's attempt to its catalog (in the same transaction)."""
-        occ = parse_origin(it.event.origin if it.event else None)
-        if occ is None or it.outcome is None or it.event is None:
+    def _schedule_feedback(self, it: Item, writer: GroupedWriter) -> None:
+        """Report a scheduled occurrence's attempt to its catalog (in the same transaction).
+
+        Never raises: the topic was resolved before the transaction opened, and a report that
+        cannot be made is counted and skipped (it must not stall the partition).
+        """
+        occ = occurrence_of(it.event, it.outcome)
+        partitions = self.feedback.partitions(occ.feedback_topic) if occ is not None else None
+        if occ is None or partitions is None or it.event is None or it.outcome is None:
+            self.metrics.inc("feedback_dropped")  # malformed origin or no such catalog
             return
-        topic = internal_topic("schedules", occ.catalog, "feedback")
-        if topic not in self._known_feedback:
-            try:
-                await partition_count(self.bootstrap, topic)
-            except StreamschedError:
-                self.metrics.inc("feedback_dropped")  # no such catalog: nothing to report to
-                return
-            self._known_feedback.add(topic)
-        failed = it.outcome.kind is OutcomeKind.FAILED
-        row = HistoryRow(occ.schedule_id, occ.occurrence, occ.planned_ns, it.event.attempt,
-                         "FAILED" if failed else "SUCCEEDED", self.clock(),
-                         it.outcome.error_kind if failed else None, it.category or None if failed else None)
-        writer.add(topic, HISTORY_CODEC.encode(row.to_record()), key=occ.name.encode())
+        try:
+            key, value, partition = feedback_record(occ, it.event, it.outcome, it.category,
+                                                    partitions=partitions, at_ns=self.clock())
+        except StreamschedError:
+            self.metrics.inc("feedback_dropped")
+            return
+        writer.add(occ.feedback_topic, value, key=key, partition=partition)
+
+    def _forward(self, it: Item, writer: GroupedWriter) -> None:
+        """Re-produce a record that arrived on the wrong partition to its home partition."""
+        assert it.forward is not None
+        rec = it.record
+        writer.add(self.s.topic, rec.value, key=rec.key, partition=it.forward,
+                   headers=[(k, bytes(v)) for k, v in rec.headers or ()])
 
     def _account(self, batch: Batch) -> None:
         self.metrics.inc("releases", len(batch.leaders))
         self.metrics.inc("dead_lettered", sum(1 for it in batch.items if it.dead is not None))
+        forwarded = sum(1 for it in batch.items if it.forward is not None)
+        if forwarded:
+            self.metrics.inc("forwarded", forwarded)
+        exhausted = sum(1 for it in batch.items if it.dead is not None and it.dead[0] == ATTEMPTS_EXHAUSTED)
+        if exhausted:
+            self.metrics.inc("attempts_exhausted", exhausted)
         self.metrics.inc("committed", len(batch.items))
         # Every item of a batch resolves at the same commit: its turn latency is the batch's.
-        elapsed_ms = (time.perf_counter() - batch.started) * 1000
+        elapsed_s = time.perf_counter() - batch.started
         for _ in batch.items:
-            self.metrics.observe("turn_ms", elapsed_ms)
+            self.metrics.observe("turn_seconds", elapsed_s)
 
     def _park(self, it: Item, writer: GroupedWriter) -> None:
         """Write the item to the delay topic, due at ``park_until_ns`` (same key and partition)."""

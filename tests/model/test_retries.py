@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from streamsched import errors
 from streamsched.errors import BoundExceeded, ConfigError, StreamschedError
+from streamsched.kafka import clients as _clients  # noqa: F401  (registers the Kafka transport errors)
 from streamsched.model import limits
 from streamsched.model.retry import (
     FailureRecord,

@@ -365,6 +365,59 @@ def test_exotic_transitions_at_midnight_and_a_skipped_day() -> None:
             assert spec.count_between(start, end) == len(spec.boundaries(start, end, 10**6))
 
 
+def test_gap_fires_at_the_transition_when_the_hour_is_a_wildcard() -> None:
+    # croniter on a zone-aware start drops these gap wall times (streamsched.model.cron says so);
+    # ours fire once at the transition, as for a fixed hour.
+    half_past = parse_spec("30 * * * *", timezone="Europe/Berlin")
+    assert half_past.boundaries(utc(2026, 3, 29), utc(2026, 3, 29, 2), 10) == [
+        utc(2026, 3, 29, 0, 30),  # 01:30 CET
+        utc(2026, 3, 29, 1, 0),  # 02:30 does not exist: the transition, 03:00 CEST
+        utc(2026, 3, 29, 1, 30),  # 03:30 CEST
+    ]
+    # Lord Howe springs forward 30 minutes (02:00 +10:30 -> 02:30 +11:00 = 15:30Z).
+    sevens = parse_spec("*/7 * * * *", timezone="Australia/Lord_Howe")
+    assert sevens.boundaries(utc(2026, 10, 3, 15, 20), utc(2026, 10, 3, 15, 40), 10) == [
+        utc(2026, 10, 3, 15, 26),  # 01:56
+        utc(2026, 10, 3, 15, 30),  # 02:07..02:28 do not exist: the transition
+        utc(2026, 10, 3, 15, 35),  # 02:35
+    ]
+
+
+def test_day_of_week_step_runs_to_7_as_in_vixie_cron() -> None:
+    # "1/3" is 1-7/3 = Monday, Thursday, Sunday (croniter's own parser reads 1-6/3).
+    spec = parse_spec("0 0 * * 1/3")
+    assert spec.boundaries(utc(2026, 12, 6), utc(2026, 12, 13), 10) == [
+        utc(2026, 12, 7),
+        utc(2026, 12, 10),
+        utc(2026, 12, 13),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason_part"),
+    [
+        ("0 0 15W * *", "invalid day-of-month value"),
+        ("0 0 * * 5L", "invalid day-of-week value"),
+        ("0 0 * * mon#2", "invalid day-of-week value"),
+        ("H 0 * * *", "invalid minute value"),
+        ("0 0 * * * 2027", "needs 5 fields"),
+        ("0 0 0 * * *", "needs 5 fields"),
+        ("@hourly", "unknown directive"),
+    ],
+)
+def test_croniter_extensions_are_refused(text: str, reason_part: str) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        parse_spec(text)
+    assert reason_part in info.value.reason
+
+
+def test_or_with_an_impossible_day_of_month_keeps_the_month() -> None:
+    # "Feb 30 OR Monday": the day-of-month side never exists, so February's Mondays fire.
+    spec = parse_spec("0 0 30 2 1")
+    assert spec.boundaries(utc(2026, 1, 1), utc(2027, 1, 1), 100) == [utc(2026, 2, d) for d in (2, 9, 16, 23)]
+    assert spec.latest_at_or_before(utc(2026, 12, 31)) == utc(2026, 2, 23)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     zone=st.sampled_from(["Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]),
