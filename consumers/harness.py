@@ -121,16 +121,24 @@ async def claim_history(bootstrap: str, wf: Workflow) -> dict[str, list[ClaimSta
     """Every committed claim snapshot per identity, in log order."""
     history: dict[str, list[ClaimState]] = defaultdict(list)
     for rec in await read_topic(bootstrap, wf.state_topic):
+        if rec.value is None:
+            continue  # a tombstone past the outcome horizon (or of the fence floor)
         st = ClaimState.from_record(CLAIM_CODEC.decode(rec.value))
         history[st.identity].append(st)
     return history
 
 
 def fences_strictly_increase(history: dict[str, list[ClaimState]]) -> bool:
+    """Claims of one identity take strictly increasing fences. Kafka-native items write only a
+    RELEASED snapshot (claim and release in one transaction), so also: across all snapshots a
+    fence never decreases, and it rises whenever the delivery ordinal rises."""
     for states in history.values():
         fences = [s.fence for s in states if s.status is ClaimStatus.CLAIMED]
         if any(b <= a for a, b in itertools.pairwise(fences)):
             return False
+        for a, b in itertools.pairwise(states):
+            if b.fence < a.fence or (b.ordinal > a.ordinal and b.fence <= a.fence):
+                return False
     return True
 
 

@@ -53,8 +53,8 @@ async def demo(bootstrap: str) -> list[tuple[str, Audit]]:
         await produce(bootstrap, wf, plan[wf.kind][: half[wf.kind]])
     # Services in any language publish the same way; here two events go through the CLI.
     doc = {"type": "due", "tenant": "tenant-0", "target": ["due_runs-0"], "due_ns": 1_700_000_000 * 10**9}
-    print("emit:", cli("emit", runs.topic, "--json", json.dumps(doc), bootstrap=bootstrap))
-    print("emit:", cli("emit", runs.topic, "--json", json.dumps(doc), bootstrap=bootstrap))
+    print("emit:", cli("emit", runs.topic, "--event", json.dumps(doc), bootstrap=bootstrap))
+    print("emit:", cli("emit", runs.topic, "--event", json.dumps(doc), bootstrap=bootstrap))
     extra = [e for e in plan["due_runs"] if e.target == ("due_runs-0",)][:1]
     logs = DATA / "logs"
     logs.mkdir(parents=True, exist_ok=True)

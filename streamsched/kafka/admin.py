@@ -11,6 +11,20 @@ must outlive its longest park (:data:`MAX_PARK_S`) plus an outage of its partiti
 (:data:`DELAY_OUTAGE_MARGIN_S`); see :data:`DELAY_RETENTION_MS` and
 :data:`MIN_DELAY_RETENTION_MS`.
 
+Durability (SPEC §4, issue 8 item 4). Internal topics (state, dead-letter and delay topics, and
+every ``__streamsched.*`` topic such as a schedule catalog's) hold the only copy of claims, parked
+work and schedules, so by default they get replication factor ``min(3, brokers)`` and
+``min.insync.replicas`` ``min(2, replication)``: on a three-broker cluster a write is acknowledged
+by two replicas and survives the loss of one broker. A definition without a replication factor
+gets the same ``min(3, brokers)`` whatever its kind. Nothing creates an internal topic with one
+replica on a multi-broker cluster unless the caller says so (``allow_single_replica``; the CLI's
+``--allow-single-replica``): measured before this, ``streamsched run`` made RF 1 state, dead-letter
+and delay topics beside an RF 3 transition topic. An existing topic whose replication factor or
+``min.insync.replicas`` differs from its definition is refused (:class:`TopicMismatch`) unless
+the caller accepts the drift (``allow_drift``), in which case it is reported in
+:attr:`ApplyReport.drift`; Kafka cannot change a replication factor in place, so fixing it is a
+partition reassignment an operator plans.
+
 Verification only compares what the cluster can already show: a topic created a moment ago
 (by this call or a concurrent applier) is visible to one broker before another, so apply polls,
 bounded, until every topic's partitions and configs are visible, then compares (defect 4f: a
@@ -26,12 +40,12 @@ import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from streamsched.errors import BrokerError, ConfigError, TopicMismatch
 from streamsched.kafka import clients
 from streamsched.model.limits import MAX_PARK_S
-from streamsched.model.names import validate_name
+from streamsched.model.names import RESERVED_PREFIX, validate_name
 
 TopicKind = Literal["transition", "state", "output", "dead_letter", "delay"]
 
@@ -50,6 +64,24 @@ DELAY_RETENTION_NOTE = (f"delay topics are created with retention.ms={DELAY_RETE
                         f"must keep at least {MIN_DELAY_RETENTION_MS} ms")
 VISIBLE_TIMEOUT_S = 30.0
 """How long apply waits for topics to be visible (partitions and configs) before verifying."""
+INTERNAL_KINDS: Final = frozenset({"state", "dead_letter", "delay"})
+"""Kinds whose topics streamsched owns (with ``__streamsched.*`` names): durable by default."""
+MAX_DEFAULT_REPLICATION: Final = 3
+"""Default replication factor: ``min(3, brokers)``."""
+MAX_DEFAULT_MIN_INSYNC: Final = 2
+"""Default ``min.insync.replicas`` of internal topics: ``min(2, replication)``."""
+DRIFT_FIELDS: Final = frozenset({"replication", "min.insync.replicas"})
+"""Differences ``allow_drift`` accepts (reported); any other difference is always an error."""
+
+
+def default_replication(brokers: int) -> int:
+    """Replication factor of a definition that names none: ``min(3, brokers)``."""
+    return max(1, min(MAX_DEFAULT_REPLICATION, brokers))
+
+
+def default_min_insync(replication: int) -> int:
+    """``min.insync.replicas`` of an internal topic whose definition names none."""
+    return max(1, min(MAX_DEFAULT_MIN_INSYNC, replication))
 
 
 @dataclass(frozen=True)
@@ -58,7 +90,8 @@ class TopicSpec:
 
     name: str
     partitions: int
-    replication: int = 1
+    replication: int | None = None
+    """None: the cluster's default, ``min(3, brokers)`` (see :meth:`resolved`)."""
     kind: TopicKind = "transition"
     config: dict[str, str] = field(default_factory=dict)
 
@@ -66,7 +99,7 @@ class TopicSpec:
         validate_name(self.name, "topic", internal=True)
         if not 1 <= self.partitions <= 1024:
             raise ConfigError(f"topic {self.name}: partitions must be 1..1024")
-        if not 1 <= self.replication <= 16:
+        if self.replication is not None and not 1 <= self.replication <= 16:
             raise ConfigError(f"topic {self.name}: replication must be 1..16")
         policy = self.config.get("cleanup.policy")
         if self.kind == "state":
@@ -76,8 +109,22 @@ class TopicSpec:
         if self.kind == "delay":
             object.__setattr__(self, "config", _delay_config(self.name, self.config))
 
-    def with_replication(self, replication: int) -> TopicSpec:
+    def with_replication(self, replication: int | None) -> TopicSpec:
         return TopicSpec(self.name, self.partitions, replication, self.kind, dict(self.config))
+
+    @property
+    def internal(self) -> bool:
+        """A topic streamsched owns: durable defaults apply (see the module docs)."""
+        return self.kind in INTERNAL_KINDS or self.name.startswith(RESERVED_PREFIX + ".")
+
+    def resolved(self, brokers: int) -> TopicSpec:
+        """This definition on a cluster of ``brokers``: replication factor set, and for internal
+        topics ``min.insync.replicas`` unless the definition names one."""
+        rf = self.replication if self.replication is not None else default_replication(brokers)
+        config = dict(self.config)
+        if self.internal:
+            config.setdefault("min.insync.replicas", str(default_min_insync(rf)))
+        return TopicSpec(self.name, self.partitions, rf, self.kind, config)
 
 
 def _delay_config(name: str, config: dict[str, str]) -> dict[str, str]:
@@ -120,8 +167,9 @@ def _spec_from_table(raw: dict[str, Any], path: Path) -> TopicSpec:
     config = {str(k): str(v).lower() if isinstance(v, bool) else str(v)
               for k, v in dict(raw.get("config", {})).items()}
     try:
+        rf = raw.get("replication")
         return TopicSpec(name=raw["name"], partitions=int(raw["partitions"]),
-                         replication=int(raw.get("replication", 1)),
+                         replication=None if rf is None else int(rf),
                          kind=raw.get("kind", "transition"), config=config)
     except KeyError as exc:
         raise ConfigError(f"{path}: topic needs {exc.args[0]!r}") from None
@@ -144,28 +192,72 @@ class ApplyReport:
     unchanged: list[str] = field(default_factory=list)
     delay_retention_ms: dict[str, int] = field(default_factory=dict)
     """Every delay topic applied, with the retention the cluster shows for it (-1: forever)."""
+    replication: dict[str, int] = field(default_factory=dict)
+    """Every topic applied, with its replication factor on the cluster."""
+    drift: list[TopicMismatch] = field(default_factory=list)
+    """Replication or ``min.insync.replicas`` differences accepted with ``allow_drift``."""
+    brokers: int = 0
+    """Brokers in the cluster (the defaults depend on it)."""
+
+    def merge(self, other: ApplyReport) -> None:
+        self.created += other.created
+        self.unchanged += other.unchanged
+        self.delay_retention_ms.update(other.delay_retention_ms)
+        self.replication.update(other.replication)
+        self.drift += other.drift
+        self.brokers = max(self.brokers, other.brokers)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The machine-readable report (``topics apply`` prints it)."""
+        out: dict[str, Any] = {"created": self.created, "unchanged": self.unchanged,
+                               "brokers": self.brokers, "replication": self.replication}
+        if self.drift:
+            out["drift"] = [{"topic": d.topic, "field": d.field, "expected": d.expected, "actual": d.actual}
+                            for d in self.drift]
+        if self.delay_retention_ms:
+            # Say how long parked work survives (defect 4j): never the broker's default.
+            out["delay_retention_ms"] = self.delay_retention_ms
+            out["delay_retention"] = DELAY_RETENTION_NOTE
+        return out
 
 
 async def apply(bootstrap: str, specs: Iterable[TopicSpec], *, visible_timeout_s: float = VISIBLE_TIMEOUT_S,
+                allow_drift: bool = False, allow_single_replica: bool = False,
                 **client_options: Any) -> ApplyReport:
-    """Create missing topics and verify existing ones; raise :class:`TopicMismatch` on drift."""
+    """Create missing topics and verify existing ones; raise :class:`TopicMismatch` on drift.
+
+    ``allow_drift`` accepts (and reports) a replication factor or ``min.insync.replicas`` other
+    than the definition's; ``allow_single_replica`` allows creating an internal topic with one
+    replica on a multi-broker cluster (see the module docs).
+    """
     from aiokafka.admin import NewTopic
 
-    specs = list(specs)
     report = ApplyReport()
     admin = clients.admin(bootstrap, **client_options)
     await admin.start()
     try:
+        report.brokers = brokers = len((await admin.describe_cluster()).get("brokers") or ()) or 1
+        specs = [s.resolved(brokers) for s in specs]
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
+        single = [s.name for s in missing if s.internal and s.replication == 1]
+        if single and brokers > 1 and not allow_single_replica:
+            raise ConfigError(
+                f"refusing to create internal topic {single[0]} with replication factor 1 on a "
+                f"{brokers}-broker cluster (its records would be lost with one broker): leave replication "
+                f"unset (default {default_replication(brokers)}) or pass --allow-single-replica")
         if missing:
             response = await admin.create_topics(
                 [NewTopic(s.name, s.partitions, s.replication, topic_configs=dict(s.config))
                  for s in missing])
             report.created = _created(response)
-        partitions, configs = await _wait_visible(admin, specs, set(report.created), visible_timeout_s)
-        _verify(specs, partitions, configs)
+        partitions, configs, rfs = await _wait_visible(admin, specs, set(report.created), visible_timeout_s)
+        for mismatch in _verify(specs, partitions, configs, rfs):
+            if not (allow_drift and mismatch.field in DRIFT_FIELDS):
+                raise mismatch
+            report.drift.append(mismatch)
         report.unchanged = [s.name for s in specs if s.name not in report.created]
+        report.replication = {s.name: rfs[s.name] for s in specs}
         report.delay_retention_ms = {s.name: int(configs[s.name]["retention.ms"])
                                      for s in specs if s.kind == "delay"}
         return report
@@ -189,10 +281,11 @@ def _created(response: Any) -> list[str]:
     return created
 
 
-async def _wait_visible(admin: Any, specs: list[TopicSpec], created: set[str],
-                        timeout_s: float) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
+async def _wait_visible(admin: Any, specs: list[TopicSpec], created: set[str], timeout_s: float,
+                        ) -> tuple[dict[str, int], dict[str, dict[str, str]], dict[str, int]]:
     """Poll until every topic's partitions and configs are visible (and, for topics created
-    just now, every partition has a leader); return partition counts and configs per topic.
+    just now, every partition has a leader); return partition counts, configs and replication
+    factors (the smallest over its partitions) per topic.
 
     Metadata and DescribeConfigs may be answered by different brokers, each of which learns of a
     new topic on its own schedule: compare only answers in which the topic exists.
@@ -204,10 +297,12 @@ async def _wait_visible(admin: Any, specs: list[TopicSpec], created: set[str],
         partitions = {d["topic"]: len(d["partitions"]) for d in described
                       if d.get("error_code", 0) == 0 and d["partitions"]
                       and (d["topic"] not in created or all(p["leader"] >= 0 for p in d["partitions"]))}
+        rfs = {d["topic"]: min(len(p["replicas"]) for p in d["partitions"]) for d in described
+               if d["topic"] in partitions}
         configs = await _describe_configs(admin, names) if len(partitions) == len(set(names)) else {}
         invisible = sorted(n for n in set(names) if n not in partitions or n not in configs)
         if not invisible:
-            return partitions, configs
+            return partitions, configs, rfs
         if time.monotonic() > deadline:
             raise BrokerError(f"topics {invisible} not visible with leaders after {timeout_s:.0f}s")
         await asyncio.sleep(0.1)
@@ -227,10 +322,15 @@ async def _describe_configs(admin: Any, names: list[str]) -> dict[str, dict[str,
     return out
 
 
-def _verify(specs: list[TopicSpec], partitions: dict[str, int], configs: dict[str, dict[str, str]]) -> None:
+def _verify(specs: list[TopicSpec], partitions: dict[str, int], configs: dict[str, dict[str, str]],
+            rfs: dict[str, int]) -> list[TopicMismatch]:
+    """Every difference between the (resolved) definitions and the cluster, partitions first."""
+    found: list[TopicMismatch] = []
     for s in specs:
         if partitions[s.name] != s.partitions:
             raise TopicMismatch(s.name, "partitions", str(s.partitions), str(partitions[s.name]))
+        if s.replication is not None and rfs[s.name] != s.replication:
+            found.append(TopicMismatch(s.name, "replication", str(s.replication), str(rfs[s.name])))
         have = configs[s.name]
         for key, want in s.config.items():
             if s.kind == "delay" and key == "retention.ms":
@@ -238,9 +338,11 @@ def _verify(specs: list[TopicSpec], partitions: dict[str, int], configs: dict[st
                 # the minimum, an explicit retention in the definition is its own minimum.
                 least = str(MIN_DELAY_RETENTION_MS) if want == str(DELAY_RETENTION_MS) else want
                 if not _retention_covers(have.get(key), least):
-                    raise TopicMismatch(s.name, key, f"at least {least}", str(have.get(key)))
+                    found.append(TopicMismatch(s.name, key, f"at least {least}", str(have.get(key))))
             elif have.get(key) != want:
-                raise TopicMismatch(s.name, key, want, str(have.get(key)))
+                found.append(TopicMismatch(s.name, key, want, str(have.get(key))))
+    # Errors that allow_drift never accepts come first, so they are the ones raised.
+    return sorted(found, key=lambda m: m.field in DRIFT_FIELDS)
 
 
 async def partition_count(bootstrap: str, topic: str) -> int:

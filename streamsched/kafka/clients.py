@@ -13,6 +13,13 @@ dlq, status, reads, tests, benchmarks) comes from the factories below, built fro
 Passing one of the locked options raises :class:`~streamsched.errors.ConfigError`: a tuning
 knob must never silently weaken delivery guarantees.
 
+Security (TLS, SASL PLAIN/SCRAM/OAUTHBEARER) and the user's extra client options ride on the
+:class:`Connection` (validated in :mod:`streamsched.kafka.security`, built from CLI flags,
+``STREAMSCHED_*`` variables and a TOML file by :mod:`streamsched.ops.config`). Precedence when a
+client is built: our defaults, then the connection's options, then what the calling module
+passes for that client (e.g. the worker's fetch and request sizes): the project's own per-client
+choices win over a tuning file.
+
 Recovery from leadership changes (defect 4o): aiokafka keeps cluster metadata for
 ``metadata_max_age_ms`` (300 s by default) and its 0.14 fetcher does not refresh it when an
 offset lookup (ListOffsets, sent to reset a position, e.g. a delay partition without a
@@ -35,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamsched.errors import ConfigError
+from streamsched.kafka import security
+from streamsched.kafka.security import Secret
 from streamsched.model.retry import register_transport_errors
 
 log = logging.getLogger(__name__)
@@ -50,26 +59,162 @@ _PRODUCER_DEFAULTS: dict[str, Any] = {"linger_ms": 1, "metadata_max_age_ms": MET
 
 @dataclass(frozen=True)
 class Connection:
-    """How every client reaches the cluster.
+    """How every client reaches and authenticates to the cluster.
 
-    ``options`` are extra aiokafka client options common to every client (security settings,
-    timeouts); the locked safety options above are refused.
+    ``options`` are extra aiokafka options for every client (each goes to the clients that take
+    it); ``producer_options``, ``consumer_options`` and ``admin_options`` to one kind only. The
+    locked safety options (:data:`USER_LOCKED`) are refused, and so are raw security options:
+    security goes through the typed fields below, which are validated together and redacted.
+
+    * ``security_protocol``: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL;
+    * ``sasl_mechanism``: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with ``sasl_username`` and
+      ``sasl_password``), or OAUTHBEARER (with ``oauth_token_provider``: a callable returning a
+      token, sync or async, or an ``aiokafka.abc.AbstractTokenProvider``);
+    * ``ssl_cafile`` (default: the system's CAs), ``ssl_certfile``/``ssl_keyfile`` (a client
+      certificate, ``ssl_key_password`` if its key is encrypted) and ``ssl_check_hostname``.
+
+    Passwords are :class:`~streamsched.kafka.security.Secret` (a plain string is wrapped): the
+    repr and every error show which settings are set, never a credential.
     """
 
     bootstrap: str
     options: dict[str, Any] = field(default_factory=dict)
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: Secret | None = None
+    oauth_token_provider: Any = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_key_password: Secret | None = None
+    ssl_check_hostname: bool = True
+    producer_options: dict[str, Any] = field(default_factory=dict)
+    consumer_options: dict[str, Any] = field(default_factory=dict)
+    admin_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.bootstrap or not isinstance(self.bootstrap, str):
             raise ConfigError("no bootstrap servers: pass --bootstrap or set STREAMSCHED_BOOTSTRAP")
-        _refuse(self.options, LOCKED_CONSUMER | LOCKED_PRODUCER, "connection")
+        # Plain strings become Secrets before anything can print them.
+        object.__setattr__(self, "sasl_password", security.secret(self.sasl_password))
+        object.__setattr__(self, "ssl_key_password", security.secret(self.ssl_key_password))
+        object.__setattr__(self, "security_protocol", str(self.security_protocol).upper())
+        if self.sasl_mechanism:
+            object.__setattr__(self, "sasl_mechanism", str(self.sasl_mechanism).upper())
+        security.check(self.security_protocol, self.sasl_mechanism, self.sasl_username, self.sasl_password,
+                       self.oauth_token_provider, self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile,
+                       self.ssl_key_password)
+        kinds = ("consumer", "producer", "admin")
+        _check_options(self.options, "client", kinds)
+        _check_options(self.producer_options, "producer", ("producer",))
+        _check_options(self.consumer_options, "consumer", ("consumer",))
+        _check_options(self.admin_options, "admin", ("admin",))
+        if self.uses_tls:
+            self.ssl_context()  # a missing or unreadable CA/cert/key is a config error now
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    def ssl_context(self) -> Any:
+        """The TLS context of this connection's clients (built once)."""
+        cached = self.__dict__.get("_ssl_context")
+        if cached is None:
+            cached = security.ssl_context(self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile,
+                                          self.ssl_key_password, self.ssl_check_hostname)
+            object.__setattr__(self, "_ssl_context", cached)
+        return cached
+
+    def security(self) -> dict[str, Any]:
+        """The aiokafka keyword options that authenticate and encrypt (they carry credentials:
+        hand them to a client, never to a log)."""
+        if self.uses_sasl:
+            security.redact_client_logs()  # before any client of this connection can log a login
+        opts: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.uses_tls:
+            opts["ssl_context"] = self.ssl_context()
+        if self.uses_sasl:
+            opts["sasl_mechanism"] = self.sasl_mechanism
+            if self.sasl_mechanism == "OAUTHBEARER":
+                provider = self.__dict__.get("_token_provider")
+                if provider is None:
+                    provider = security.token_provider(self.oauth_token_provider)
+                    object.__setattr__(self, "_token_provider", provider)
+                opts["sasl_oauth_token_provider"] = provider
+            else:
+                assert self.sasl_password is not None  # checked in __post_init__
+                opts["sasl_plain_username"] = self.sasl_username
+                opts["sasl_plain_password"] = self.sasl_password.reveal()
+        return opts
 
     def common(self) -> dict[str, Any]:
-        return {"bootstrap_servers": self.bootstrap, **self.options}
+        """Bootstrap, security and the every-client ``options`` (credentials included)."""
+        return {"bootstrap_servers": self.bootstrap, **self.security(), **self.options}
+
+    def for_client(self, kind: str) -> dict[str, Any]:
+        """Everything this connection gives an aiokafka ``kind`` client (consumer, producer,
+        admin): bootstrap, security, the every-client options it takes, then its own options."""
+        accepted = security.accepted(kind)
+        common = {k: v for k, v in self.options.items() if k in accepted}
+        own = {"producer": self.producer_options, "consumer": self.consumer_options,
+               "admin": self.admin_options}[kind]
+        return {"bootstrap_servers": self.bootstrap, **self.security(), **common, **own}
+
+    def describe(self) -> dict[str, Any]:
+        """What may be shown of this connection (logs, errors, status): no credential."""
+        out: dict[str, Any] = {"bootstrap": self.bootstrap, "security_protocol": self.security_protocol}
+        if self.uses_sasl:
+            out["sasl_mechanism"] = self.sasl_mechanism
+            if self.sasl_username:
+                out["sasl_username"] = self.sasl_username
+            out["credentials"] = "token provider" if self.sasl_mechanism == "OAUTHBEARER" else "password"
+        if self.uses_tls:
+            out.update(ssl_cafile=self.ssl_cafile or "system", ssl_check_hostname=self.ssl_check_hostname)
+            if self.ssl_certfile:
+                out["ssl_certfile"] = self.ssl_certfile
+        for name in ("options", "producer_options", "consumer_options", "admin_options"):
+            value: dict[str, Any] = getattr(self, name)
+            if value:
+                out[name] = sorted(value)  # names only: a value may be anything
+        return out
 
     def __repr__(self) -> str:
-        # Options may hold credentials: never print their values.
-        return f"Connection(bootstrap={self.bootstrap!r}, options={sorted(self.options)})"
+        # Only what describe() shows: option values and credentials never.
+        return "Connection(" + ", ".join(f"{k}={v!r}" for k, v in self.describe().items()) + ")"
+
+    __str__ = __repr__
+
+
+USER_LOCKED = (LOCKED_CONSUMER | LOCKED_PRODUCER | security.SECURITY_OPTIONS
+               | frozenset({"partition_assignment_strategy", "group_id", "group_instance_id",
+                            "bootstrap_servers", "key_serializer", "value_serializer",
+                            "key_deserializer", "value_deserializer", "partitioner", "topics", "loop"}))
+"""Options a connection may not carry: the safety settings (auto commit, offset reset, isolation,
+acks, idempotence, transactional id, assignment strategy), what the project itself decides per
+client (group, serializers, partitioner) and security (set through the typed fields)."""
+
+
+def _check_options(options: dict[str, Any], what: str, kinds: tuple[str, ...]) -> None:
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise ConfigError(f"{what} options must be a mapping of option names to values")
+    bad = sorted(set(options) & USER_LOCKED)
+    if bad:
+        security_bad = [b for b in bad if b in security.SECURITY_OPTIONS]
+        if security_bad:
+            raise ConfigError(f"{what} option(s) {', '.join(security_bad)}: set security through the "
+                              "connection's security settings (--security-protocol, --sasl-*, --ssl-*)")
+        raise ConfigError(f"{what} option(s) {', '.join(bad)} are fixed by streamsched for safety "
+                          "and cannot be set")
+    known = frozenset().union(*(security.accepted(k) for k in kinds))
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown {what} option(s) {', '.join(unknown)} (aiokafka "
+                          f"{'/'.join(kinds)} options, e.g. request_timeout_ms)")
 
 
 Conn = Connection | str
@@ -105,7 +250,7 @@ def consumer(conn: Conn, *topics: str, group_id: str | None = None, **options: A
     c = connection(conn)
     return _consumer_class()(*topics, group_id=group_id, enable_auto_commit=False,
                              auto_offset_reset="earliest", isolation_level="read_committed",
-                             **{**_CONSUMER_DEFAULTS, **c.common(), **options})
+                             **{**_CONSUMER_DEFAULTS, **c.for_client("consumer"), **options})
 
 
 @functools.cache
@@ -161,7 +306,7 @@ def producer(conn: Conn, **options: Any) -> Any:
     _refuse(options, LOCKED_PRODUCER, "producer")
     c = connection(conn)
     return AIOKafkaProducer(acks="all", enable_idempotence=True,
-                            **{**_PRODUCER_DEFAULTS, **c.common(), **options})
+                            **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
 
 
 def transactional_producer(conn: Conn, transactional_id: str, **options: Any) -> Any:
@@ -173,7 +318,7 @@ def transactional_producer(conn: Conn, transactional_id: str, **options: Any) ->
         raise ConfigError("a transactional producer needs a transactional id")
     c = connection(conn)
     return AIOKafkaProducer(acks="all", enable_idempotence=True, transactional_id=transactional_id,
-                            **{**_PRODUCER_DEFAULTS, **c.common(), **options})
+                            **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
 
 
 def admin(conn: Conn, **options: Any) -> Any:
@@ -181,4 +326,4 @@ def admin(conn: Conn, **options: Any) -> Any:
     from aiokafka.admin import AIOKafkaAdminClient
 
     c = connection(conn)
-    return AIOKafkaAdminClient(**{**c.common(), **options})
+    return AIOKafkaAdminClient(**{**c.for_client("admin"), **options})

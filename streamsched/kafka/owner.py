@@ -152,8 +152,10 @@ class RestartPolicy:
 
     initial_s: float = 0.5
     max_s: float = 30.0
-    give_up_after: int = 8
-    """Consecutive failures after which the partition is given up (left paused, not ready)."""
+    give_up_after: int = 20
+    """Consecutive failures after which the partition is given up (left paused, not ready).
+    With the defaults that is about 7.5 minutes of failing restarts: a broker outage of a few
+    minutes (every restart fails while it lasts) must not give a partition up for good."""
     healthy_s: float = 60.0
     """An owner that was ready this long before failing starts the failure count afresh."""
 

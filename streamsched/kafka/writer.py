@@ -13,15 +13,16 @@ import asyncio
 from collections import defaultdict
 from typing import Any
 
+from streamsched.wire.partitioner import partition_for_key as _partition_for_key
+
 Header = tuple[str, bytes]
 Record = tuple[bytes | None, bytes | None, list[Header]]
 
 
 def partition_for_key(key: bytes, partitions: int) -> int:
-    """Kafka's default partitioner (murmur2), as the Java client and aiokafka compute it."""
-    from aiokafka.partitioner import murmur2
-
-    return int((murmur2(key) & 0x7FFFFFFF) % partitions)
+    """Kafka's default partitioner (murmur2), as the Java client and aiokafka compute it
+    (streamsched.wire.partitioner: the same function, about 2x faster than aiokafka's)."""
+    return _partition_for_key(key, partitions)
 
 
 class GroupedWriter:

@@ -25,6 +25,8 @@ from importlib import resources
 from pathlib import Path
 
 from streamsched.errors import BrokerError
+from streamsched.kafka import clients
+from streamsched.ops.broker_security import ADMIN, BrokerSecurity
 
 KAFKA_VERSION = "3.9.1"
 """The pinned Apache Kafka version (see README "Why Kafka 3.9")."""
@@ -44,7 +46,7 @@ def ensure_jars(*, quiet: bool = True) -> Path:
     target = cache_dir()
     lib = target / "lib"
     marker = target / "resolved.ok"
-    if marker.exists() and any(lib.glob("kafka_2.13-*.jar")):
+    if marker.exists() and any(lib.glob("kafka_2.13-*.jar")) and any(lib.glob("kafka-tools-*.jar")):
         return lib
     if shutil.which("mvn") is None:
         raise BrokerError("mvn is not on PATH; it is needed once to fetch Kafka's jars")
@@ -110,6 +112,9 @@ class NodeSpec:
     port: int
     controller_port: int
     data_dir: Path
+    tls_port: int | None = None
+    """SASL_SSL listener of a secured node with TLS (mTLS ``SSL`` is ``mtls_port``)."""
+    mtls_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -120,7 +125,9 @@ class NodeSpec:
 class LocalCluster:
     """N combined broker+controller nodes on loopback, each a JVM child process.
 
-    ``extra_config`` is merged into every node's server.properties (e.g. SASL for ACL tests).
+    ``extra_config`` is merged into every node's server.properties. ``security`` runs the nodes
+    secured (SASL, authorizer, optional TLS; see :mod:`streamsched.ops.broker_security`): then
+    ``bootstrap`` is the SASL_PLAINTEXT listener and :meth:`connection` gives a user's connection.
     """
 
     data_dir: Path
@@ -130,6 +137,7 @@ class LocalCluster:
     extra_config: dict[str, str] = field(default_factory=dict)
     listener_scheme: str = "PLAINTEXT"
     jaas_file: Path | None = None
+    security: BrokerSecurity | None = None
     specs: list[NodeSpec] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -142,7 +150,8 @@ class LocalCluster:
         if state.exists():
             saved = json.loads(state.read_text())
             self.specs = [
-                NodeSpec(n["node_id"], n["port"], n["controller_port"], Path(n["data_dir"]))
+                NodeSpec(n["node_id"], n["port"], n["controller_port"], Path(n["data_dir"]),
+                         n.get("tls_port"), n.get("mtls_port"))
                 for n in saved["nodes"]
             ]
             return
@@ -151,7 +160,27 @@ class LocalCluster:
             port = self.port + i if (self.port and i == 0) else free_port()
             if self.port and i > 0:
                 port = self.port + i
-            self.specs.append(NodeSpec(i + 1, port, free_port(), self.data_dir / f"node-{i + 1}"))
+            tls = self.security is not None and self.security.tls
+            self.specs.append(NodeSpec(i + 1, port, free_port(), self.data_dir / f"node-{i + 1}",
+                                       free_port() if tls else None, free_port() if tls else None))
+
+    @property
+    def tls_bootstrap(self) -> str:
+        """The SASL_SSL listeners (a secured cluster with TLS)."""
+        return ",".join(f"127.0.0.1:{s.tls_port}" for s in self.specs if s.tls_port)
+
+    @property
+    def mtls_bootstrap(self) -> str:
+        """The SSL listeners that require a client certificate (a secured cluster with TLS)."""
+        return ",".join(f"127.0.0.1:{s.mtls_port}" for s in self.specs if s.mtls_port)
+
+    def connection(self, user: str = ADMIN, *, mechanism: str = "SCRAM-SHA-512", tls: bool = False,
+                   options: dict[str, object] | None = None) -> clients.Connection:
+        """How ``user`` connects (a plain connection when the cluster is not secured)."""
+        if self.security is None:
+            return clients.Connection(self.bootstrap, dict(options or {}))
+        return self.security.connection(self.tls_bootstrap if tls else self.bootstrap, user,
+                                        mechanism=mechanism, tls=tls, options=dict(options or {}))
 
     def _properties(self, spec: NodeSpec) -> str:
         voters = ",".join(f"{s.node_id}@127.0.0.1:{s.controller_port}" for s in self.specs)
@@ -188,21 +217,32 @@ class LocalCluster:
             "socket.request.max.bytes": str(64 * 1024 * 1024),
             "unclean.leader.election.enable": "false",
         }
+        if self.security is not None:
+            listeners, advertised = self.security.listeners(spec.port, spec.controller_port, spec.tls_port,
+                                                            spec.mtls_port)
+            props.update(listeners=listeners, **{"advertised.listeners": advertised})
+            props.update(self.security.properties())
         props.update(self.extra_config)
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _format(self, spec: NodeSpec, lib: Path, cluster_id: str) -> None:
         spec.data_dir.mkdir(parents=True, exist_ok=True)
         conf = spec.data_dir / "server.properties"
+        conf.touch(mode=0o600)  # created private: a secured node's properties hold JAAS passwords
         conf.write_text(self._properties(spec))
         (spec.data_dir / "log4j.properties").write_text(_LOG4J)
         if (spec.data_dir / "log" / "meta.properties").exists():
             return
         cmd = [_java(), "-Xmx256m", "-cp", f"{lib}/*", "kafka.tools.StorageTool",
                "format", "-t", cluster_id, "-c", str(conf), "--ignore-formatted"]
+        if self.security is not None:
+            cmd += self.security.format_args()  # SCRAM users exist before the first start
         proc = subprocess.run(cmd, capture_output=True, text=True, env=self._env(spec))
         if proc.returncode != 0:
-            raise BrokerError(f"kafka storage format failed: {(proc.stdout + proc.stderr)[-1500:]}")
+            out = (proc.stdout + proc.stderr)[-1500:]
+            for pw in (self.security.users.values() if self.security else ()):
+                out = out.replace(pw.reveal(), "***")  # the tool may echo an --add-scram argument
+            raise BrokerError(f"kafka storage format failed: {out}")
 
     def _env(self, spec: NodeSpec) -> dict[str, str]:
         env = dict(os.environ)
@@ -237,7 +277,7 @@ class LocalCluster:
         for spec in self.specs:
             self.start_node(spec.node_id, lib=lib)
         self._save(cluster_id)
-        wait_ready(self.bootstrap, timeout=timeout, expect_brokers=len(self.specs),
+        wait_ready(self.connection(), timeout=timeout, expect_brokers=len(self.specs),
                    procs=list(self.procs.values()))
         return self.bootstrap
 
@@ -260,10 +300,17 @@ class LocalCluster:
             "bootstrap": self.bootstrap,
             "nodes": [
                 {"node_id": s.node_id, "port": s.port, "controller_port": s.controller_port,
-                 "data_dir": str(s.data_dir)}
+                 "data_dir": str(s.data_dir), "tls_port": s.tls_port, "mtls_port": s.mtls_port}
                 for s in self.specs
             ],
         }
+        if self.security is not None:
+            # The admin's connection file (0600) lets commands find this broker with no flags.
+            data.update(security="sasl+tls" if self.security.tls else "sasl",
+                        admin_config=str(self.security.write_client_file(self.bootstrap, ADMIN).resolve()))
+            if self.security.tls:
+                data.update(tls_bootstrap=self.tls_bootstrap, mtls_bootstrap=self.mtls_bootstrap,
+                            ca_file=str(self.security.ca_file))
         (self.data_dir / "cluster.json").write_text(json.dumps(data, indent=2))
 
     def kill_node(self, node_id: int, sig: int = signal.SIGKILL) -> None:
@@ -330,16 +377,14 @@ def stop_pid_file(pid_file: Path, *, timeout: float = 30.0) -> bool:
     return True
 
 
-def wait_ready(bootstrap: str, *, timeout: float = 90.0, expect_brokers: int = 1,
+def wait_ready(conn: clients.Conn, *, timeout: float = 90.0, expect_brokers: int = 1,
                procs: list[subprocess.Popen[bytes]] | None = None) -> None:
     """Poll cluster metadata until ``expect_brokers`` brokers answer, or raise BrokerError."""
-    asyncio.run(_wait_ready(bootstrap, timeout, expect_brokers, procs or []))
+    asyncio.run(_wait_ready(clients.connection(conn), timeout, expect_brokers, procs or []))
 
 
-async def _wait_ready(bootstrap: str, timeout: float, expect: int,
+async def _wait_ready(conn: clients.Connection, timeout: float, expect: int,
                       procs: list[subprocess.Popen[bytes]]) -> None:
-    from aiokafka import AIOKafkaClient
-
     # aiokafka logs every refused connection at ERROR; while the JVM boots those are expected.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     deadline = time.monotonic() + timeout
@@ -348,11 +393,10 @@ async def _wait_ready(bootstrap: str, timeout: float, expect: int,
         for p in procs:
             if p.poll() is not None:
                 raise BrokerError(f"broker process exited with code {p.returncode}; see its server.log")
-        client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        client = clients.admin(conn, request_timeout_ms=5000)
         try:
-            await client.bootstrap()
-            md = await client.fetch_all_metadata()
-            if len(md.brokers()) >= expect:
+            await client.start()
+            if len((await client.describe_cluster())["brokers"]) >= expect:
                 logging.getLogger("aiokafka").setLevel(logging.NOTSET)
                 return
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
@@ -361,7 +405,7 @@ async def _wait_ready(bootstrap: str, timeout: float, expect: int,
             await client.close()
         await asyncio.sleep(0.3)
     logging.getLogger("aiokafka").setLevel(logging.NOTSET)
-    raise BrokerError(f"broker at {bootstrap} not ready after {timeout:.0f}s ({type(last).__name__})")
+    raise BrokerError(f"broker at {conn.bootstrap} not ready after {timeout:.0f}s ({type(last).__name__})")
 
 
 def status(data_dir: Path) -> dict[str, object]:
@@ -376,4 +420,6 @@ def status(data_dir: Path) -> dict[str, object]:
         alive.append(pid > 0 and _pid_alive(pid))
     return {"running": all(alive) and bool(alive), "nodes_alive": sum(alive),
             "bootstrap": saved["bootstrap"], "kafka_version": saved["kafka_version"],
-            "data_dir": str(data_dir)}
+            "data_dir": str(data_dir), "security": saved.get("security", "none"),
+            **{k: saved[k] for k in ("admin_config", "tls_bootstrap", "mtls_bootstrap", "ca_file")
+               if k in saved}}

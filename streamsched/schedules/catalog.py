@@ -107,11 +107,13 @@ class Catalog:
     """Client of one schedule catalog (see module docs)."""
 
     def __init__(self, bootstrap: str, name: str = "default", *, partitions: int = 4,
-                 replication: int = 1) -> None:
+                 replication: int | None = None, allow_single_replica: bool = False) -> None:
         self.bootstrap = bootstrap
         self.name = validate_name(name, "catalog")
         self.partitions = partitions
         self.replication = replication
+        """Of the catalog's topics; None: ``min(3, brokers)`` (streamsched.kafka.admin)."""
+        self.allow_single_replica = allow_single_replica
 
     @functools.cached_property
     def definitions_topic(self) -> str:
@@ -144,7 +146,15 @@ class Catalog:
                           config={"cleanup.policy": "delete", "retention.ms": str(7 * 86_400_000)})]
 
     async def ensure_topics(self) -> None:
-        await apply(self.bootstrap, self.topic_specs())
+        """Create the catalog's topics (durable by default) and verify them.
+
+        With the replication left to the default, topics an operator made with another one are
+        accepted and the difference logged; an explicit replication refuses it.
+        """
+        report = await apply(self.bootstrap, self.topic_specs(), allow_drift=self.replication is None,
+                             allow_single_replica=self.allow_single_replica)
+        for drift in report.drift:
+            log.warning("%s", drift)
 
     # --- reads ----------------------------------------------------------------------------------
 

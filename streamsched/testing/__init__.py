@@ -117,25 +117,58 @@ def running_worker(scheduler: SchedulerDef, bootstrap: str,
                                                   **{"session_timeout_ms": 6000, **config})))
 
 
+def _on_sys_path_already(path: Path) -> bool:
+    """True if every child interpreter finds ``path``'s packages without PYTHONPATH (site-packages)."""
+    import site
+
+    sites = {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    return path.resolve() in sites
+
+
+def child_pythonpath(app_path: Iterable[str | Path], inherited: str | None = None) -> str:
+    """PYTHONPATH for a child that imports the user's app: ``app_path`` first, then what the caller
+    had, then (only for a source checkout) the directory holding the ``streamsched`` package, so
+    ``python -m streamsched`` works without an install but never shadows the user's modules."""
+    parts = [str(Path(p).resolve()) for p in app_path]
+    parts += [p for p in (inherited or "").split(os.pathsep) if p]
+    if not _on_sys_path_already(ROOT):
+        parts.append(str(ROOT))
+    return os.pathsep.join(dict.fromkeys(parts))  # first occurrence wins
+
+
 class WorkerProcess:
-    """``streamsched run APP`` (or any ``command``) as a child process, with signals for crash tests."""
+    """``streamsched run APP`` (or any ``command``) as a child process, with signals for crash tests.
+
+    The child imports ``app_ref`` (``MODULE:ATTR``) from the USER's project: it runs in ``cwd``
+    (default: the caller's working directory, e.g. pytest's rootdir) with ``app_path`` (default:
+    ``[cwd]``) at the front of PYTHONPATH, never from the directory streamsched is installed in.
+    A PYTHONPATH in ``env`` is kept, after ``app_path``.
+    """
 
     def __init__(self, app_ref: str, bootstrap: str, *, env: dict[str, str] | None = None,
                  log_path: Path | None = None, scheduler: str | None = None,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, cwd: str | Path | None = None,
+                 app_path: Iterable[str | Path] | str | Path | None = None) -> None:
         self.app_ref = app_ref
         self.command = command
         self.bootstrap = bootstrap
         self.env = env or {}
         self.log_path = log_path
         self.scheduler = scheduler
+        self.cwd = Path(cwd) if cwd is not None else None
+        self.app_path: list[Path] | None = None
+        if app_path is not None:
+            paths = [app_path] if isinstance(app_path, str | Path) else list(app_path)
+            self.app_path = [Path(p) for p in paths]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
+        cwd = (self.cwd or Path.cwd()).resolve()
         env = dict(os.environ)
-        env.update({"STREAMSCHED_BOOTSTRAP": self.bootstrap,
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))})
         env.update(self.env)
+        env["STREAMSCHED_BOOTSTRAP"] = self.env.get("STREAMSCHED_BOOTSTRAP", self.bootstrap)
+        env["PYTHONPATH"] = child_pythonpath(self.app_path if self.app_path is not None else [cwd],
+                                             self.env.get("PYTHONPATH", os.environ.get("PYTHONPATH")))
         cmd = [sys.executable, "-m", "streamsched", "run", self.app_ref]
         if self.command is not None:
             cmd = [sys.executable, "-m", "streamsched", *self.command]
@@ -144,7 +177,7 @@ class WorkerProcess:
         out: Any = subprocess.DEVNULL
         if self.log_path is not None:
             out = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         if out is not subprocess.DEVNULL:
             out.close()
@@ -187,3 +220,23 @@ class WorkerProcess:
         await wait_for(exited, timeout=timeout, interval=0.1, what=f"worker {self.pid} to exit")
         assert self.proc is not None
         return int(self.proc.returncode)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the child's log (empty without ``log_path``), for failure messages."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_killed(self, timeout: float = 60.0) -> None:
+        """Block until the child died of SIGKILL (a failpoint); AssertionError (with its log tail)
+        if it exited otherwise or is still running after ``timeout`` (it is then killed)."""
+        assert self.proc is not None, "worker not started"
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            raise AssertionError(f"worker {self.pid} did not crash within {timeout:.0f}s\n"
+                                 f"{self.log_tail()}") from None
+        if code != -signal.SIGKILL:
+            raise AssertionError(f"worker {self.pid} exited with {code}, not SIGKILL\n{self.log_tail()}")

@@ -37,7 +37,8 @@ from streamsched.metrics import Metrics
 from streamsched.wire.delay import due_ns
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.duework import DueIndex, DueItem
-from streamsched.worker.store import restore
+from streamsched.worker.fetchguard import FetchGuard
+from streamsched.worker.store import HORIZON_DEFAULT_S, StateBase, check_horizon, open_state, parse_duration
 from streamsched.worker.turn import TurnRunner
 
 log = logging.getLogger(__name__)
@@ -60,14 +61,25 @@ class WorkerConfig:
     shutdown_deadline_s: float = 10.0
     queue_bound: int = 64
     """Records buffered per partition before intake pauses that partition."""
-    replication: int = 1
+    replication: int | None = None
+    """Of the state, dead-letter and delay topics this worker creates; None: min(3, brokers)."""
+    allow_single_replica: bool = False
+    """Allow creating those with replication 1 on a multi-broker cluster (see kafka.admin)."""
     ensure_topics: bool = True
     due_index_items: int = 10_000
     """Re-driven records held in memory at most; past it, delay intake pauses."""
-    commit_interval_s: float = 0.2
+    commit_interval_s: float = 0.1
     """Under load, offsets ride in a transaction at most this often (always when idle)."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     """Backoff and give-up of a partition whose owner failed (see :mod:`streamsched.kafka.owner`)."""
+    store_dir: str | None = None
+    """Directory of the disk-backed claim stores (see :mod:`streamsched.worker.claimstore`): a
+    restart then reads only the state partition's tail. None: claims are kept in memory."""
+    store_cache_bytes: int = 4 * 1024 * 1024
+    """Decoded claim snapshots a disk store caches, per owned partition."""
+    outcome_horizon_s: float = HORIZON_DEFAULT_S
+    """How long a resolved identity is remembered (1 h .. 365 d; see :mod:`streamsched.worker.store`):
+    an event replayed after it runs again, guarded only by the destination's idempotency key."""
 
 
 class PartitionRunner:
@@ -97,7 +109,8 @@ class PartitionRunner:
         s, turns = self.scheduler, self.turns
         while not self.owner.stopping:
             if not self.queue:
-                if not turns.idle:
+                # A horizon scan step when idle too, so quiet partitions also tombstone (store.py).
+                if not turns.idle or turns.state.scan(turns.clock()):
                     await turns.step(None, flush_offsets=True)
                     continue
                 self.wake.clear()
@@ -120,6 +133,15 @@ class Worker:
         self.consumer: Any = None
         self.assigned = asyncio.Event()
         self.due = DueIndex(max_items=config.due_index_items)
+        check_horizon(config.outcome_horizon_s)
+        self.stores: Any = None
+        if config.store_dir is not None:
+            from streamsched.worker.rocksenv import StoreEnv  # rocksdict only when asked for
+
+            self.stores = StoreEnv(config.store_dir, cache_bytes=config.store_cache_bytes)
+        # A batch that cannot be decoded (a codec without its library...) stops its partition only.
+        self.fetch = FetchGuard(self.metrics, lambda tp: "delay" if tp.topic == scheduler.delay_topic
+                                else "transition")
         s = scheduler
         spec: OwnerSpec[PartitionRunner] = OwnerSpec(
             name=s.topic, bootstrap=config.bootstrap,
@@ -133,8 +155,9 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        """Every assigned partition restored, running, not fenced and not given up."""
-        return self.owners.ready
+        """Every assigned partition restored, running, not fenced, not given up and not stopped at
+        a batch it cannot decode."""
+        return self.owners.ready and not self.fetch.stopped
 
     @property
     def given_up(self) -> frozenset[int]:
@@ -150,7 +173,11 @@ class Worker:
             TopicSpec(s.dead_letter_topic, n, self.config.replication, kind="dead_letter"),
             TopicSpec(s.delay_topic, n, self.config.replication, kind="delay"),
         ]
-        await apply(self.config.bootstrap, specs)
+        # Replication left to the default: topics an operator made otherwise are accepted (reported).
+        report = await apply(self.config.bootstrap, specs, allow_drift=self.config.replication is None,
+                             allow_single_replica=self.config.allow_single_replica)
+        for drift in report.drift:
+            log.warning("%s", drift)
         for out in s.outputs:
             await partition_count(self.config.bootstrap, out)  # must exist: never auto-created
 
@@ -214,11 +241,24 @@ class Worker:
         next owner reads it again)."""
         self._hold(partition)
         self.due.remove_partition(partition)
+        for tp in self._tps(partition):
+            self.fetch.forget(tp)
 
     async def _restore(self, owner: PartitionOwner[PartitionRunner]) -> Body[PartitionRunner]:
         p = owner.partition
-        state = await restore(self.config.bootstrap, self.scheduler.state_topic, p)
-        self.metrics.inc("restored_identities", len(state.claims))
+        # After the producer fenced every earlier owner: the state partition's end is final.
+        state = await open_state(self.config.bootstrap, self.scheduler.state_topic, p, env=self.stores,
+                                 horizon_s=self.config.outcome_horizon_s, metrics=self.metrics)
+        try:
+            return await self._resume(owner, state)
+        except BaseException:
+            state.close()
+            raise
+
+    async def _resume(self, owner: PartitionOwner[PartitionRunner],
+                      state: StateBase) -> Body[PartitionRunner]:
+        p = owner.partition
+        self.metrics.inc("restored_identities", state.identities())
         turns = TurnRunner(self.scheduler, p, owner.producer, state,
                            owner=self.config.owner, metrics=self.metrics,
                            commit_interval_s=self.config.commit_interval_s,
@@ -236,7 +276,11 @@ class Worker:
         # Seeded, a partition that receives nothing still steps over trailing markers (4n).
         turns.offsets.seed(committed[0], committed[1])
         runner = PartitionRunner(owner, self.scheduler, turns, resume)
-        return Body(part=runner, run=runner.run, wake=runner.wake.set)
+
+        async def close() -> None:
+            state.close()  # after the turn loop ended: flushes the store's last checkpoint
+
+        return Body(part=runner, run=runner.run, wake=runner.wake.set, close=close)
 
     def _live(self, partition: int) -> PartitionRunner | None:
         """The partition's runner if it may take records now."""
@@ -255,11 +299,13 @@ class Worker:
         delay_topic = self.scheduler.delay_topic
         bound = self.config.queue_bound
         while not stop.is_set():
-            batch = await self.consumer.getmany(timeout_ms=100, max_records=bound * 4)
+            batch = await self.fetch.fetch(self.consumer, bound * 4, stop)
             for tp, records in batch.items():
                 runner = self._live(tp.partition)
                 if runner is None:
+                    self.fetch.dropped(tp)
                     continue  # re-read from the committed offset by the partition's next owner
+                self.fetch.delivered(tp, records)
                 if tp.topic == delay_topic:
                     self._park(tp, records, runner)
                 else:
@@ -282,11 +328,12 @@ class Worker:
                     lag += len(runner.queue)
                     if not runner.queue:
                         await self._skip_markers(p, runner)
-                want_pause = runner is None or len(runner.queue) >= bound
+                want_pause = runner is None or len(runner.queue) >= bound or self.fetch.holds(tp)
                 self._set_paused(tp, want_pause)
                 # The due index is bounded: when it is full, delay intake pauses (nothing is lost;
                 # the records stay in the delay topic).
-                self._set_paused(TopicPartition(delay_topic, p), want_pause or self.due.free < bound)
+                delay_tp = TopicPartition(delay_topic, p)
+                self._set_paused(delay_tp, want_pause or self.due.free < bound or self.fetch.holds(delay_tp))
             self.metrics.set_gauge("lag", lag)
             self.metrics.set_gauge("due_items", len(self.due))
 
@@ -307,6 +354,7 @@ class Worker:
             for tp, offset in runner.resume.items():
                 if tp in assignment:
                     self.consumer.seek(tp, offset)
+                    self.fetch.sought(tp, offset)
             runner.resume = None
 
     async def _skip_markers(self, partition: int, runner: PartitionRunner) -> None:
@@ -342,6 +390,7 @@ class Worker:
             if not self.due.add(item):
                 # Full: read the rest again later, from the first record not indexed.
                 self.consumer.seek(tp, records[i].offset)
+                self.fetch.sought(tp, records[i].offset)
                 self.consumer.pause(tp)
                 return
             runner.turns.offsets.note_delayed(rec.offset)
@@ -367,6 +416,8 @@ class Worker:
             with contextlib.suppress(Exception):
                 # Leaves the group: the partitions move at once (even after a hard stop).
                 await asyncio.wait_for(self.consumer.stop(), self.config.shutdown_deadline_s)
+            if self.stores is not None:
+                self.stores.close()
 
 
 def worker_config_from_env(bootstrap: str | None = None, **overrides: Any) -> WorkerConfig:
@@ -375,7 +426,10 @@ def worker_config_from_env(bootstrap: str | None = None, **overrides: Any) -> Wo
         raise ConfigError("no bootstrap servers: pass --bootstrap or set STREAMSCHED_BOOTSTRAP")
     for key, env, kind in (("session_timeout_ms", "STREAMSCHED_SESSION_TIMEOUT_MS", int),
                            ("heartbeat_interval_ms", "STREAMSCHED_HEARTBEAT_MS", int),
-                           ("commit_interval_s", "STREAMSCHED_COMMIT_INTERVAL_S", float)):
+                           ("commit_interval_s", "STREAMSCHED_COMMIT_INTERVAL_S", float),
+                           ("store_dir", "STREAMSCHED_STORE_DIR", str),
+                           ("store_cache_bytes", "STREAMSCHED_STORE_CACHE_BYTES", int),
+                           ("outcome_horizon_s", "STREAMSCHED_OUTCOME_HORIZON", parse_duration)):
         if env in os.environ and key not in overrides:
             overrides[key] = kind(os.environ[env])
     return WorkerConfig(bootstrap=bs, **overrides)

@@ -1,4 +1,4 @@
-"""The six-step worker turn, batched and pipelined per partition.
+"""The six-step worker turn, batched per partition, in one of two transaction shapes.
 
 For a batch of at most ``max_in_flight`` records of one partition:
 
@@ -12,9 +12,36 @@ For a batch of at most ``max_in_flight`` records of one partition:
 6. commit   the offset of a resolved batch rides in a later (or the same) transaction, so it is
             never visible before the state it covers.
 
-One transaction per batch instead of three round trips per item is where the throughput
-comes from (see bench/turns.py). At any committed point at most ``max_in_flight`` items of a
-partition are claimed and unresolved.
+Two shapes, chosen by the scheduler's commands (``claim_first``):
+
+* **Claim first** (any external command): steps 3-5 as listed. A claim is durable before its
+  effect, so an external destination always receives a fence no other owner can reuse. One
+  transaction per batch: batch k's release rides in batch k+1's claim transaction. At any
+  committed point at most ``max_in_flight`` items of a partition are claimed and unresolved.
+* **Kafka-native** (every command is a :class:`~streamsched.worker.app.KafkaCommand`): the effect
+  *is* the emitted events, which commit atomically with the outcome, the release and the offset,
+  so nothing needs a claim committed before it runs. The claim is taken in memory (through the
+  same state machine, fence+1 and ordinal+1), the batch executes and resolves, and ONE snapshot
+  per item (RELEASED, with its outcome) goes into a transaction assembled in memory. Several
+  batches of at most ``max_in_flight`` items (executed one batch at a time: the in-flight bound
+  is unchanged) share that transaction, committed when ``commit_interval_s`` has passed since
+  its first batch (like Kafka Streams' exactly-once commit interval), when it grows past
+  :data:`TXN_MAX_RECORDS`/:data:`TXN_MAX_BYTES`, or as soon as the partition has nothing more in
+  hand (so latency is paid only under load). The transaction is begun and written only at that
+  commit: it is never open while a handler runs, so a slow handler cannot outlive the
+  producer's transaction timeout. A crash before the commit loses the whole transaction and
+  nothing of it was ever visible (read_committed); the next owner re-reads the records from the
+  committed offset and runs them again. A fence minted in the lost transaction may then be
+  minted again: nothing ever carried it outside that transaction (a Kafka-native command has no
+  external effect), and every committed snapshot still shows fences increasing per identity.
+
+  Delivery counting. A Kafka-native claim that never commits is not counted, so a handler that
+  kills its worker would crash-loop forever. Hence the first batch with leaders after every
+  (re)start runs claim-first (durable claims, then its own release + offset transaction): each
+  crash then either counts a delivery of the items at the committed offset or the committed
+  offset has moved past them, and ``MAX_DELIVERY_ATTEMPTS`` ends the loop as before.
+
+Fewer transactions per item is where the throughput comes from (see bench/turns.py).
 
 Guards the turn applies beyond the six steps:
 
@@ -36,101 +63,91 @@ Guards the turn applies beyond the six steps:
 * Schedule feedback (see :mod:`streamsched.worker.feedback`) is resolved before the transaction
   opens and never raises inside it.
 
-Size: a little over 400 lines because these guards act on one batch inside one transaction;
-the record formats live in :mod:`streamsched.wire`, handler execution in ``execute``.
+Metrics: ``turn_seconds`` is observed once per BATCH (from its selection to the commit that
+resolved it), not once per item: every item of a batch resolves at the same commit, so the
+per-item histogram only repeated the same value ``len(batch)`` times.
+
+Size: about 500 lines, because both transaction shapes and the guards act on one batch; step 1
+lives in :mod:`streamsched.worker.selection`, the extra records in
+:mod:`streamsched.worker.records`, handler execution in :mod:`streamsched.worker.execute`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import functools
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamsched import failpoints
-from streamsched.errors import DecodeError, StreamschedError
-from streamsched.kafka.writer import GroupedWriter, partition_for_key
+from streamsched.errors import StreamschedError
+from streamsched.kafka.writer import GroupedWriter
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
-from streamsched.model.event import TransitionEvent
-from streamsched.model.identity import route_key
-from streamsched.model.limits import MAX_DELIVERY_ATTEMPTS, MAX_PARK_S
+from streamsched.model.limits import MAX_DELIVERY_ATTEMPTS
 from streamsched.model.retry import RetryPolicy
 from streamsched.wire.claim import encode_claim
-from streamsched.wire.dead_letter import (
-    ATTEMPTS_EXHAUSTED,
-    ATTEMPTS_EXHAUSTED_REASON,
-    NO_VALUE_REASON,
-    dead_letter,
-)
-from streamsched.wire.delay import due_headers
-from streamsched.wire.transition import decode_transition, encode_transition
-from streamsched.worker.app import Emit, SchedulerDef
+from streamsched.wire.dead_letter import ATTEMPTS_EXHAUSTED, ATTEMPTS_EXHAUSTED_REASON
+from streamsched.wire.partitioner import partition_for_key
+from streamsched.worker.app import ExternalCommand, SchedulerDef
 from streamsched.worker.execute import execute
 from streamsched.worker.feedback import FeedbackTopics, Lookup, admin_lookup, feedback_record, occurrence_of
-from streamsched.worker.offsets import Offsets
-from streamsched.worker.store import PartitionState, export_corrupt
+from streamsched.worker.offsets import Offsets, Span
+from streamsched.worker.records import Records
+from streamsched.worker.selection import Batch, Item, Selector
+from streamsched.worker.store import StateBase, export_corrupt
 
 log = logging.getLogger(__name__)
 
+TXN_MAX_RECORDS = 4096
+"""A Kafka-native transaction commits once it holds this many records (besides the interval)."""
+TXN_MAX_BYTES = 1024 * 1024
+"""...or about this many bytes of record values (the producer's batch size)."""
+_RECORD_OVERHEAD = 64
+"""Bytes counted per record on top of its value (key, headers, framing) against TXN_MAX_BYTES."""
 
-@functools.lru_cache(maxsize=65536)
-def _home_partition(key: bytes, partitions: int) -> int:
-    # murmur2 in pure Python costs microseconds per key; route keys repeat (duplicates, retries).
-    return partition_for_key(key, partitions)
 
-
-@dataclass(slots=True)
-class Item:
-    record: Any
-    event: TransitionEvent | None = None
-    identity: str = ""
-    dead: tuple[str, str] | None = None
-    follower: bool = False
-    forward: int | None = None
-    """The home partition of a record that arrived on another one (it is forwarded there)."""
-    state: ClaimState | None = None
-    fence: int = 0
-    """The fence this item's claim acquired; every later write of the item presents it."""
-    revision: int = 0
-    """The revision this item's claim acquired (the successor its next write expects)."""
-    outcome: Outcome | None = None
-    category: str = ""
-    park_until_ns: int | None = None
-    attempt_next: int = 0
-    emits: list[Emit] = field(default_factory=list)
+async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
+    """Await both concurrently; raise the first failure only once both are done (so no
+    failure is left unretrieved and nothing is still running when the caller aborts)."""
+    results = await asyncio.gather(first, second, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 @dataclass(slots=True)
-class Batch:
-    items: list[Item]
-    leaders: list[Item]
-    next_offset: int | None
-    """Transition-topic offset after this batch's last transition record (None: none in it)."""
-    delayed: list[int]
-    """Delay-topic offsets of the re-driven records in this batch."""
+class _Open:
+    """A Kafka-native transaction assembled in memory: nothing is sent before it commits."""
+
+    writer: GroupedWriter
+    view: dict[str, ClaimState]
+    """The snapshot each identity will have once this transaction commits."""
     started: float
-    selected: bool = True
-    """False until leaders are picked (that needs the topic's partition count; see ``step``)."""
+    batches: list[Batch] = field(default_factory=list)
+    size: int = 0
+    """Bytes of the records written so far (estimated; see TXN_MAX_BYTES)."""
 
 
 class TurnRunner:
     """Runs batches for one partition through its fenced transactional producer."""
 
-    def __init__(self, scheduler: SchedulerDef, partition: int, producer: Any, state: PartitionState,
+    def __init__(self, scheduler: SchedulerDef, partition: int, producer: Any, state: StateBase,
                  *, owner: str, metrics: Metrics, clock: Callable[[], int] = time.time_ns,
-                 retry: RetryPolicy | None = None, commit_interval_s: float = 0.2,
+                 retry: RetryPolicy | None = None, commit_interval_s: float = 0.1,
                  bootstrap: str = "", partitions: int | None = None,
-                 feedback_lookup: Lookup | None = None) -> None:
+                 feedback_lookup: Lookup | None = None, claim_first: bool | None = None) -> None:
         """``partitions``: the transition topic's partition count (asked of the producer's
         metadata before the first batch when not given). ``feedback_lookup``: how a schedule
         feedback topic's partition count is found (default: an admin request via ``bootstrap``).
+        ``claim_first``: the transaction shape (module docs); by default claim-first exactly
+        when the scheduler has an external command. ``commit_interval_s``: how often offsets
+        ride in a claim-first transaction under load, and how long a Kafka-native transaction
+        gathers batches.
         """
         self.bootstrap = bootstrap
         self.s = scheduler
@@ -151,35 +168,20 @@ class TurnRunner:
         self.offsets = Offsets()
         self._delay_topic = scheduler.delay_topic
         self._last_offset_commit = time.monotonic()
+        self.claim_first = claim_first if claim_first is not None else any(
+            isinstance(c, ExternalCommand) for c in scheduler.commands.values())
+        self._careful = not self.claim_first
+        """Kafka-native: the next batch with leaders claims first (delivery counting, module docs)."""
+        self._open: _Open | None = None
+        self._emit_partitions: dict[str, int] = {}
+        """Partition counts of the topics the current batches emit to (see _learn_emit_topics)."""
+        self._records = Records(scheduler.topic, partition, scheduler.delay_topic,
+                                scheduler.dead_letter_topic, metrics)
+        self._selector = Selector(scheduler, partition, owner=owner, metrics=metrics, clock=clock,
+                                  current=self._current)
         export_corrupt(state, metrics)
 
-    # --- 1. select ----------------------------------------------------------------------------
-
-    def _prepare(self, rec: Any) -> Item:
-        failpoints.hit("after_select")
-        item = Item(rec)
-        if rec.value is None:
-            item.dead = ("decode", NO_VALUE_REASON)
-            return item
-        try:
-            ev = decode_transition(rec.value)
-        except DecodeError as exc:
-            item.dead = ("decode", exc.reason)
-            return item
-        item.event = ev
-        if not self.s.selection.matches(ev):
-            return item
-        try:
-            item.identity = self.s.resolve_identity(ev.due_ns, ev.tenant, ev.target)
-            expected_key = route_key(ev.tenant, ev.target)
-        except StreamschedError as exc:
-            item.dead = ("bound", exc.kind)
-            return item
-        if rec.key != expected_key:
-            # Keys route identities to partitions; a wrong key could put one identity on two owners.
-            item.dead = ("misrouted", "record key is not the route key of its identity")
-            item.identity = ""
-        return item
+    # --- 1. select (streamsched.worker.selection) ---------------------------------------------
 
     def prepare(self, records: list[Any]) -> Batch:
         """Step 1 for a batch: decode, select, resolve identities, pick one leader per identity.
@@ -187,14 +189,9 @@ class TurnRunner:
         Picking leaders needs the topic's partition count (the routing check); until it is
         known the batch is returned unselected and :meth:`step` completes it.
         """
-        items = [self._prepare(r) for r in records]
-        self.metrics.inc("records", len(items))
-        transition = [r.offset for r in records if r.topic == self.s.topic]
-        delayed = [r.offset for r in records if r.topic != self.s.topic]
-        batch = Batch(items, [], (transition[-1] + 1) if transition else None, delayed,
-                      time.perf_counter(), selected=False)
+        batch = self._selector.prepare(records)
         if self.partitions is not None:
-            self._select(batch, self.partitions)
+            self._selector.select(batch, self.partitions)
         return batch
 
     async def _ensure_selected(self, batch: Batch) -> None:
@@ -202,53 +199,49 @@ class TurnRunner:
             return
         if self.partitions is None:
             self.partitions = len(await self.producer.partitions_for(self.s.topic))
-        self._select(batch, self.partitions)
-
-    def _select(self, batch: Batch, partitions: int) -> None:
-        leaders: list[Item] = []
-        seen: set[str] = set()
-        now = self.clock()
-        for it in batch.items:
-            if not it.identity or it.dead is not None or it.event is None:
-                continue
-            if it.record.topic == self.s.topic:
-                # Delay-topic records need no check: the turn parks only items that passed it.
-                home = _home_partition(it.record.key, partitions)
-                if home != self.partition:
-                    it.forward = home
-                    continue
-            if it.identity in seen:
-                it.follower = True
-                self.metrics.inc("duplicates_in_batch")
-                continue
-            seen.add(it.identity)
-            st = self.state.get(it.identity)
-            if it.event.due_ns > now and st.outcome is None:
-                # A future due time: wait in the delay topic, not in the partition, in hops of at
-                # most MAX_PARK_S (the delay topic's retention covers one hop; an early return
-                # is parked again here).
-                it.park_until_ns = min(it.event.due_ns, now + int(MAX_PARK_S * 1e9))
-                it.attempt_next = it.event.attempt
-                self.metrics.inc("deferred_until_due")
-                continue
-            if st.lease_active(now) and st.owner != self.owner:
-                # Another owner's unexpired lease (a predecessor that may still be executing) is
-                # honoured: the item comes back through the due index when the lease expires and
-                # is then reclaimed with a fresh fence. Healthy items behind it go on.
-                it.park_until_ns, it.attempt_next = st.lease_expires_ns, it.event.attempt
-                self.metrics.inc("lease_waits")
-                continue
-            leaders.append(it)
-        self.metrics.inc("turns", len(leaders))
-        batch.leaders = leaders
-        batch.selected = True
+        self._selector.select(batch, self.partitions)
 
     @property
     def idle(self) -> bool:
-        """Nothing executed-but-unresolved and no resolved offset left uncommitted."""
-        return self.pending is None and not self.offsets.unsent()
+        """Nothing executed-but-unresolved or uncommitted, no resolved offset left unsent."""
+        return self.pending is None and self._open is None and not self.offsets.unsent()
+
+    def _current(self, identity: str) -> ClaimState:
+        """The state ``identity`` has now: as the open Kafka-native transaction leaves it, else
+        as committed."""
+        if self._open is not None:
+            st = self._open.view.get(identity)
+            if st is not None:
+                return st
+        return self.state.get(identity)
 
     async def step(self, incoming: Batch | None, *, flush_offsets: bool = False) -> None:
+        """Take ``incoming`` (None: nothing new) through the turn; ``flush_offsets``: the
+        partition has nothing more in hand, so commit what is resolved now.
+
+        Claim-first: see :meth:`_step_claim_first`. Kafka-native: ``incoming`` executes and is
+        resolved into the open in-memory transaction, which commits when due (module docs).
+        """
+        if incoming is not None:
+            await self._ensure_selected(incoming)
+        if self.claim_first:
+            await self._step_claim_first(incoming, flush_offsets=flush_offsets)
+            return
+        if self.pending is not None:
+            # The claim-first batch after a start: its release and offset commit on their own,
+            # so a crash in a later Kafka-native batch never re-delivers (and counts) it again.
+            await self._step_claim_first(None, flush_offsets=True)
+        if incoming is not None:
+            if self._careful and incoming.leaders:
+                await self._commit_native()  # whatever was gathered commits first, in order
+                self._careful = False
+                await self._step_claim_first(incoming, flush_offsets=False)
+                return
+            await self._gather_native(incoming)
+        if flush_offsets or (self._open is not None and self._native_due()):
+            await self._commit_native()
+
+    async def _step_claim_first(self, incoming: Batch | None, *, flush_offsets: bool = False) -> None:
         """One transaction: resolve the pending batch, claim ``incoming``, maybe commit offsets.
 
         Then execute ``incoming``'s commands; it becomes the pending batch of the next step.
@@ -260,15 +253,15 @@ class TurnRunner:
         if incoming is not None:
             await self._ensure_selected(incoming)
         if pending is not None:
-            # Outside the transaction: never an admin round trip while it is open.
-            await self.feedback.resolve({o.feedback_topic for it in pending.leaders
-                                         if (o := occurrence_of(it.event, it.outcome)) is not None})
+            await self._resolve_feedback(pending)
+            await self._learn_emit_topics(pending)
         claims = incoming.leaders if incoming is not None else []
         t_mark, d_mark = self.offsets.after(pending)
         changed = t_mark != self.offsets.t_sent or d_mark != self.offsets.d_sent
         due = time.monotonic() - self._last_offset_commit >= self.commit_interval_s
         send_offsets = changed and (flush_offsets or due)
-        if pending is None and not claims and not send_offsets:
+        expiring = self.state.take_expired(self.clock())  # past the outcome horizon (store.py)
+        if pending is None and not claims and not send_offsets and not expiring:
             self.pending = incoming
             return
         view: dict[str, ClaimState] = {}
@@ -279,28 +272,25 @@ class TurnRunner:
                 self._write_resolution(pending, view, writer)
             if claims:
                 self._write_claims(claims, view, writer)
-            await writer.flush()
+            if expiring:
+                self.state.expire(writer, self._state_topic, expiring, skip=view)
+            if send_offsets:
+                await _both(writer.flush(), self._send_offsets(t_mark, d_mark))  # overlapped
+            else:
+                await writer.flush()
             if pending is not None:
                 for it in pending.leaders:
                     if it.outcome is not None:
                         failpoints.hit("after_outcome")
                 for _ in pending.leaders:
                     failpoints.hit("after_release")
-            if send_offsets:
-                from aiokafka import TopicPartition
-
-                marks = {}
-                if t_mark is not None:
-                    marks[TopicPartition(self.s.topic, self.partition)] = t_mark
-                if d_mark is not None:
-                    marks[TopicPartition(self._delay_topic, self.partition)] = d_mark
-                await self.producer.send_offsets_to_transaction(marks, self.s.group)
             await self.producer.commit_transaction()
         except BaseException:
             await self._abort()
             raise
         for st in view.values():
             self.state.put(st)
+        self.state.commit_staged()  # tombstones applied, checkpoint moved (claimstore.py)
         if pending is not None:
             self.offsets.resolve(pending)
             self._account(pending)
@@ -308,15 +298,131 @@ class TurnRunner:
             self.metrics.inc("claims", len(claims))
             failpoints.hit("after_claim")
         if send_offsets:
-            self.offsets.t_sent, self.offsets.d_sent = t_mark, d_mark
-            self._last_offset_commit = time.monotonic()
-            self.metrics.set_gauge("committed_offset", float(t_mark or 0), partition=f"p{self.partition}")
-            failpoints.hit("after_commit")
+            self._offsets_sent(t_mark, d_mark)
         self.pending = incoming
         # An item whose attempts are exhausted already holds its (FAILED) outcome: never run it.
-        runnable = [it for it in claims if it.outcome is None]
-        if runnable:
+        await self._execute_all(claims)
+
+    # --- the Kafka-native shape ---------------------------------------------------------------------
+
+    def _native_due(self) -> bool:
+        txn = self._open
+        return txn is not None and (time.monotonic() - txn.started >= self.commit_interval_s
+                                    or len(txn.writer) >= TXN_MAX_RECORDS or txn.size >= TXN_MAX_BYTES)
+
+    async def _gather_native(self, batch: Batch) -> None:
+        """Claim in memory, execute, resolve: ``batch``'s records join the open transaction."""
+        txn = self._open
+        if txn is None:
+            txn = self._open = _Open(GroupedWriter(self.producer), {}, time.monotonic())
+        try:
+            if batch.leaders:
+                self._acquire(batch.leaders, txn.view)
+                self.metrics.inc("claims", len(batch.leaders))
+                failpoints.hit("after_claim")
+                await self._execute_all(batch.leaders)
+                # No transaction is open on the producer: the admin lookup may happen here.
+                await self._resolve_feedback(batch)
+                await self._learn_emit_topics(batch)
+            before = len(txn.writer)
+            self._write_resolution(batch, txn.view, txn.writer)
+            # Emits, and the original record of a dead letter, a parked or a forwarded item.
+            txn.size += (len(txn.writer) - before) * _RECORD_OVERHEAD + sum(
+                len(e.value) for it in batch.leaders for e in it.emits) + sum(
+                len(it.record.value or b"") for it in batch.items
+                if it.dead is not None or it.forward is not None or it.park_until_ns is not None)
+        except BaseException:
+            # Nothing was sent; the runner fails and the next owner starts from committed state.
+            self._open = None
+            self.state.discard_staged()
+            raise
+        txn.batches.append(batch)
+
+    async def _commit_native(self) -> None:
+        """Commit the open Kafka-native transaction with the offsets it resolves (and whatever
+        offsets or tombstones are due, even if it gathered nothing)."""
+        txn, self._open = self._open, None
+        batches = txn.batches if txn is not None else []
+        span = Span(max((b.next_offset for b in batches if b.next_offset is not None), default=None),
+                    [o for b in batches for o in b.delayed])
+        t_mark, d_mark = self.offsets.after(span)
+        send_offsets = t_mark != self.offsets.t_sent or d_mark != self.offsets.d_sent
+        view = txn.view if txn is not None else {}
+        expiring = self.state.take_expired(self.clock())  # past the outcome horizon (store.py)
+        if not batches and not send_offsets and not expiring:
+            return
+        writer = txn.writer if txn is not None else GroupedWriter(self.producer)
+        await self.producer.begin_transaction()
+        try:
+            if expiring:
+                self.state.expire(writer, self._state_topic, expiring, skip=view)
+            if send_offsets:
+                # The offsets' two requests overlap the records' produce request (one round
+                # trip of the commit saved); both are acknowledged before the commit.
+                await _both(writer.flush(), self._send_offsets(t_mark, d_mark))
+            else:
+                await writer.flush()
+            for b in batches:
+                for it in b.leaders:
+                    if it.outcome is not None:
+                        failpoints.hit("after_outcome")
+                for _ in b.leaders:
+                    failpoints.hit("after_release")
+            await self.producer.commit_transaction()
+        except BaseException:
+            await self._abort()
+            raise
+        for st in view.values():
+            self.state.put(st)
+        self.state.commit_staged()  # tombstones applied, checkpoint moved (claimstore.py)
+        self.offsets.resolve(span)
+        for b in batches:
+            self._account(b)
+        if send_offsets:
+            self._offsets_sent(t_mark, d_mark)
+
+    # --- shared by both shapes ----------------------------------------------------------------------
+
+    async def _execute_all(self, leaders: list[Item]) -> None:
+        """Step 4 for a batch, concurrently (at most ``max_in_flight`` items)."""
+        # An item whose attempts are exhausted already holds its (FAILED) outcome: never run it.
+        runnable = [it for it in leaders if it.outcome is None]
+        if len(runnable) == 1:
+            await self._execute(runnable[0])  # no task for a lone item
+        elif runnable:
             await asyncio.gather(*(self._execute(it) for it in runnable))
+
+    async def _resolve_feedback(self, batch: Batch) -> None:
+        # Outside any transaction: never an admin round trip while one is open.
+        topics = {o.feedback_topic for it in batch.leaders
+                  if it.event is not None and it.event.origin
+                  and (o := occurrence_of(it.event, it.outcome)) is not None}
+        if topics:
+            await self.feedback.resolve(topics)
+
+    async def _learn_emit_topics(self, batch: Batch) -> None:
+        """The partition count of every topic ``batch`` emits to, asked of the producer's
+        metadata (no request unless the topic is new to it), so emitted events get their
+        partition here, with the fast murmur2 of :mod:`streamsched.wire.partitioner`."""
+        topics = {e.topic for it in batch.leaders for e in it.emits}
+        for topic in topics:
+            self._emit_partitions[topic] = len(await self.producer.partitions_for(topic))
+
+    async def _send_offsets(self, t_mark: int | None, d_mark: int | None) -> None:
+        from aiokafka import TopicPartition
+
+        marks = {}
+        if t_mark is not None:
+            marks[TopicPartition(self.s.topic, self.partition)] = t_mark
+        if d_mark is not None:
+            marks[TopicPartition(self._delay_topic, self.partition)] = d_mark
+        await self.producer.send_offsets_to_transaction(marks, self.s.group)
+
+    def _offsets_sent(self, t_mark: int | None, d_mark: int | None) -> None:
+        self.offsets.t_sent, self.offsets.d_sent = t_mark, d_mark
+        self._last_offset_commit = time.monotonic()
+        self.metrics.set_gauge("committed_offset", float(t_mark or 0), partition=str(self.partition))
+        failpoints.hit("after_commit")
 
     async def drain(self) -> None:
         """Resolve and commit everything in hand (clean revocation and shutdown)."""
@@ -328,12 +434,21 @@ class TurnRunner:
     def _put_state(self, st: ClaimState, view: dict[str, ClaimState], writer: GroupedWriter) -> None:
         view[st.identity] = st
         writer.add(self._state_topic, encode_claim(st), key=st.identity.encode(), partition=self.partition)
+        self.state.stage()
 
     async def _abort(self) -> None:
+        self.state.discard_staged()
         with contextlib.suppress(Exception):
             await self.producer.abort_transaction()
 
     def _write_claims(self, leaders: list[Item], view: dict[str, ClaimState], writer: GroupedWriter) -> None:
+        self._acquire(leaders, view)
+        for it in leaders:
+            assert it.state is not None
+            self._put_state(it.state, view, writer)
+
+    def _acquire(self, leaders: list[Item], view: dict[str, ClaimState]) -> None:
+        """Step 3 in memory: a fresh fenced claim per leader, recorded in ``view``."""
         now = self.clock()
         duration = int(self.s.claim_duration_s * 1e9)
         for it in leaders:
@@ -347,7 +462,7 @@ class TurnRunner:
                 it.outcome = Outcome(OutcomeKind.FAILED, it.fence, now, error_kind=ATTEMPTS_EXHAUSTED)
                 it.dead = (ATTEMPTS_EXHAUSTED, ATTEMPTS_EXHAUSTED_REASON)
                 it.category = "permanent"
-            self._put_state(it.state, view, writer)
+            view[it.identity] = it.state
 
     # --- 4. execute -------------------------------------------------------------------------------
 
@@ -376,18 +491,15 @@ class TurnRunner:
                 st = st.store_outcome(fence=it.fence, expected_revision=expected, outcome=it.outcome)
                 expected = st.revision
             for emit in it.emits:
-                writer.add(emit.topic, emit.value, key=emit.key)
+                n = self._emit_partitions.get(emit.topic)
+                # Keyed: Kafka's default partitioner, as the writer would apply it (but faster).
+                partition = partition_for_key(emit.key, n) if n is not None and emit.key is not None else None
+                writer.add(emit.topic, emit.value, key=emit.key, partition=partition)
             if it.outcome is not None and it.event is not None and it.event.origin:
                 self._schedule_feedback(it, writer)
             it.state = st.release(fence=it.fence, expected_revision=expected)
             self._put_state(it.state, view, writer)
-        for it in batch.items:
-            if it.dead is not None:
-                self._dead_letter(it, writer)
-            if it.park_until_ns is not None and it.event is not None:
-                self._park(it, writer)
-            if it.forward is not None:
-                self._forward(it, writer)
+        self._records.resolved(batch.items, writer, self.clock())
 
     def _schedule_feedback(self, it: Item, writer: GroupedWriter) -> None:
         """Report a scheduled occurrence's attempt to its catalog (in the same transaction).
@@ -408,13 +520,6 @@ class TurnRunner:
             return
         writer.add(occ.feedback_topic, value, key=key, partition=partition)
 
-    def _forward(self, it: Item, writer: GroupedWriter) -> None:
-        """Re-produce a record that arrived on the wrong partition to its home partition."""
-        assert it.forward is not None
-        rec = it.record
-        writer.add(self.s.topic, rec.value, key=rec.key, partition=it.forward,
-                   headers=[(k, bytes(v)) for k, v in rec.headers or ()])
-
     def _account(self, batch: Batch) -> None:
         self.metrics.inc("releases", len(batch.leaders))
         self.metrics.inc("dead_lettered", sum(1 for it in batch.items if it.dead is not None))
@@ -425,27 +530,5 @@ class TurnRunner:
         if exhausted:
             self.metrics.inc("attempts_exhausted", exhausted)
         self.metrics.inc("committed", len(batch.items))
-        # Every item of a batch resolves at the same commit: its turn latency is the batch's.
-        elapsed_s = time.perf_counter() - batch.started
-        for _ in batch.items:
-            self.metrics.observe("turn_seconds", elapsed_s)
-
-    def _park(self, it: Item, writer: GroupedWriter) -> None:
-        """Write the item to the delay topic, due at ``park_until_ns`` (same key and partition)."""
-        assert it.event is not None and it.park_until_ns is not None
-        event = it.event if it.attempt_next == it.event.attempt else dataclasses.replace(
-            it.event, attempt=it.attempt_next)
-        writer.add(self._delay_topic, encode_transition(event), key=it.record.key, partition=self.partition,
-                   headers=due_headers(it.park_until_ns))
-        self.metrics.inc("parked")
-
-    def _dead_letter(self, it: Item, writer: GroupedWriter) -> None:
-        assert it.dead is not None
-        kind, reason = it.dead
-        rec = it.record
-        dl = dead_letter(kind=kind, reason=reason,
-                         source_topic=self.s.topic if rec.topic == self._delay_topic else rec.topic,
-                         source_partition=self.partition, source_offset=rec.offset,
-                         attempt=it.event.attempt if it.event is not None else 1, at_ns=self.clock(),
-                         original=rec.value, original_key=rec.key)
-        writer.add(self._dlq_topic, dl.value, key=dl.key, partition=self.partition, headers=dl.headers)
+        # Every item of a batch resolves at the same commit: one observation per batch.
+        self.metrics.observe("turn_seconds", time.perf_counter() - batch.started)

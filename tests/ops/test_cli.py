@@ -27,7 +27,7 @@ def test_unreachable_cluster_is_one_line(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_emit_refuses_unknown_fields(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["emit", "t", "--json", '{"type": "due", "secret_field": 1}', "--bootstrap", "x:1"]) == 2
+    assert main(["emit", "t", "--event", '{"type": "due", "secret_field": 1}', "--bootstrap", "x:1"]) == 2
     assert "unknown event fields" in capsys.readouterr().err
 
 

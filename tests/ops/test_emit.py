@@ -21,8 +21,8 @@ async def test_emit_writes_to_the_home_partition(bootstrap: str, make_topic,
     key = route_key("acme", ("inv-42",))
     doc = json.dumps({"type": "due", "tenant": "acme", "target": ["inv-42"], "payload": {"n": 1}})
     # main() runs its own event loop: give it a thread.
-    assert await asyncio.to_thread(main, ["emit", topic, "--json", doc, "--bootstrap", bootstrap]) == 0
-    assert await asyncio.to_thread(main, ["emit", topic, "--json", doc, "--key", key.decode(),
+    assert await asyncio.to_thread(main, ["emit", topic, "--event", doc, "--bootstrap", bootstrap]) == 0
+    assert await asyncio.to_thread(main, ["emit", topic, "--event", doc, "--key", key.decode(),
                                           "--bootstrap", bootstrap]) == 0
     outs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [o["partition"] for o in outs] == [partition_for_key(key, 8)] * 2
@@ -37,7 +37,7 @@ async def test_emit_writes_to_the_home_partition(bootstrap: str, make_topic,
 
 
 def test_emit_refuses_a_key_other_than_the_route_key(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["emit", "t", "--json", '{"type":"due","tenant":"a","target":["x"]}', "--key", "other",
+    code = main(["emit", "t", "--event", '{"type":"due","tenant":"a","target":["x"]}', "--key", "other",
                  "--bootstrap", f"127.0.0.1:{free_port()}"])
     assert code == 2 and "--key must be the event's route key" in capsys.readouterr().err
 
@@ -51,6 +51,6 @@ def test_emit_refuses_a_key_other_than_the_route_key(capsys: pytest.CaptureFixtu
 def test_emit_refuses_invalid_events_before_connecting(doc: dict[str, object], error: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     # An unreachable bootstrap would exit 3: exit 2 shows nothing was sent or even attempted.
-    code = main(["emit", "t", "--json", json.dumps(doc), "--bootstrap", f"127.0.0.1:{free_port()}"])
+    code = main(["emit", "t", "--event", json.dumps(doc), "--bootstrap", f"127.0.0.1:{free_port()}"])
     err = capsys.readouterr().err
     assert code == 2 and error in err and "Traceback" not in err

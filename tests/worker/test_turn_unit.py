@@ -99,6 +99,7 @@ class World:
             return self.kafka.partitions(topic)
 
         return TurnRunner(self.sched, partition, producer, state, owner=OWNER, metrics=Metrics("billing"),
+                          claim_first=True,
                           clock=lambda: self.now, commit_interval_s=self.commit_interval_s,
                           partitions=self.partitions, feedback_lookup=lookup)
 

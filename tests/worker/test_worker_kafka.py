@@ -40,6 +40,8 @@ def external_app(topic: str, name: str, calls: list[CommandContext]) -> Schedule
 async def states(bootstrap: str, sched: SchedulerDef) -> dict[str, list[ClaimState]]:
     out: dict[str, list[ClaimState]] = {}
     for rec in await read_topic(bootstrap, sched.state_topic):
+        if rec.value is None:
+            continue  # a tombstone past the outcome horizon
         st = ClaimState.from_record(CLAIM_CODEC.decode(rec.value))
         out.setdefault(st.identity, []).append(st)
     return out

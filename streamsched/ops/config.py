@@ -1,0 +1,317 @@
+"""The connection every command uses, from CLI flags, ``STREAMSCHED_*`` variables and a TOML file.
+
+Each setting is taken from the first source that has it: a command-line flag, then its
+environment variable (named in the flag's ``--help``), then the TOML file given by ``--config``
+(or ``STREAMSCHED_CONFIG``). Client options merge key by key in the same order. When no source
+names a bootstrap, the local broker started by ``streamsched broker start`` is used (with the
+admin client file it wrote, if it is secured).
+
+The TOML file (relative paths are relative to the file)::
+
+    bootstrap = "kafka-1:9093,kafka-2:9093"
+    security_protocol = "SASL_SSL"
+
+    [sasl]
+    mechanism = "SCRAM-SHA-512"          # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER
+    username = "pipelines"
+    password_file = "/run/secrets/kafka"  # or password = "..." (keep the file private)
+    # oauth_token_provider = "mymodule:provider"   # OAUTHBEARER
+
+    [ssl]
+    cafile = "ca.pem"
+    # certfile = "client.pem"; keyfile = "client.key"; key_password_file = "..."
+    check_hostname = true
+
+    [client]      # aiokafka options for every client
+    request_timeout_ms = 40000
+    [producer]    # ... for producers only; also [consumer] and [admin]
+    linger_ms = 5
+
+Passwords are never accepted as flags (a command line is visible to every local user): give a
+file, or the ``STREAMSCHED_SASL_PASSWORD`` variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import stat
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streamsched.errors import ConfigError
+from streamsched.kafka.clients import Connection
+from streamsched.kafka.security import SASL_MECHANISMS, SECURITY_PROTOCOLS, Secret
+
+log = logging.getLogger(__name__)
+
+LOCAL_STATE = Path(".streamsched/broker/cluster.json")
+"""Where ``streamsched broker start`` (default data dir) records its bootstrap."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One connection setting: its flag, variable and key in the TOML file."""
+
+    dest: str
+    flag: str
+    env: str
+    file_key: tuple[str, ...]
+    help: str
+    kind: str = "str"  # str | path | bool | options
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("bootstrap", "--bootstrap", "STREAMSCHED_BOOTSTRAP", ("bootstrap",),
+            "Kafka bootstrap servers, host:port[,host:port...]"),
+    Setting("security_protocol", "--security-protocol", "STREAMSCHED_SECURITY_PROTOCOL",
+            ("security_protocol",), f"one of {', '.join(SECURITY_PROTOCOLS)} (default PLAINTEXT)"),
+    Setting("sasl_mechanism", "--sasl-mechanism", "STREAMSCHED_SASL_MECHANISM", ("sasl", "mechanism"),
+            f"one of {', '.join(SASL_MECHANISMS)}"),
+    Setting("sasl_username", "--sasl-username", "STREAMSCHED_SASL_USERNAME", ("sasl", "username"),
+            "SASL user (PLAIN, SCRAM)"),
+    Setting("sasl_password_file", "--sasl-password-file", "STREAMSCHED_SASL_PASSWORD_FILE",
+            ("sasl", "password_file"), "file holding the SASL password (or set STREAMSCHED_SASL_PASSWORD)",
+            "path"),
+    Setting("sasl_oauth_token_provider", "--sasl-oauth-token-provider",
+            "STREAMSCHED_SASL_OAUTH_TOKEN_PROVIDER", ("sasl", "oauth_token_provider"),
+            "MODULE:ATTR of an OAUTHBEARER token provider (a callable returning a token, or an "
+            "aiokafka AbstractTokenProvider)"),
+    Setting("ssl_cafile", "--ssl-cafile", "STREAMSCHED_SSL_CAFILE", ("ssl", "cafile"),
+            "CA certificates (PEM) the broker's certificate is verified against (default: system CAs)",
+            "path"),
+    Setting("ssl_certfile", "--ssl-certfile", "STREAMSCHED_SSL_CERTFILE", ("ssl", "certfile"),
+            "client certificate (PEM) for TLS client authentication", "path"),
+    Setting("ssl_keyfile", "--ssl-keyfile", "STREAMSCHED_SSL_KEYFILE", ("ssl", "keyfile"),
+            "private key (PEM) of the client certificate", "path"),
+    Setting("ssl_key_password_file", "--ssl-key-password-file", "STREAMSCHED_SSL_KEY_PASSWORD_FILE",
+            ("ssl", "key_password_file"),
+            "file holding the client key's password (or set STREAMSCHED_SSL_KEY_PASSWORD)", "path"),
+    Setting("ssl_check_hostname", "--ssl-check-hostname", "STREAMSCHED_SSL_CHECK_HOSTNAME",
+            ("ssl", "check_hostname"), "match the broker certificate to the host name (default on)",
+            "bool"),
+    Setting("client_options", "--client-option", "STREAMSCHED_CLIENT_OPTIONS", ("client",),
+            "KEY=VALUE aiokafka option for every client (repeatable; the variable: comma-separated)",
+            "options"),
+    Setting("producer_options", "--producer-option", "STREAMSCHED_PRODUCER_OPTIONS", ("producer",),
+            "KEY=VALUE aiokafka producer option (repeatable)", "options"),
+    Setting("consumer_options", "--consumer-option", "STREAMSCHED_CONSUMER_OPTIONS", ("consumer",),
+            "KEY=VALUE aiokafka consumer option (repeatable)", "options"),
+    Setting("admin_options", "--admin-option", "STREAMSCHED_ADMIN_OPTIONS", ("admin",),
+            "KEY=VALUE aiokafka admin client option (repeatable)", "options"),
+)
+CONFIG_ENV = "STREAMSCHED_CONFIG"
+SECRET_ENV = {"sasl_password": "STREAMSCHED_SASL_PASSWORD",
+              "ssl_key_password": "STREAMSCHED_SSL_KEY_PASSWORD"}
+_FILE_KEYS = {"bootstrap", "security_protocol", "sasl", "ssl", "client", "producer", "consumer", "admin"}
+_SECTION_KEYS = {"sasl": {"mechanism", "username", "password", "password_file", "oauth_token_provider"},
+                 "ssl": {"cafile", "certfile", "keyfile", "key_password", "key_password_file",
+                         "check_hostname"}}
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """The connection flags, each naming the variable it falls back to."""
+    group = parser.add_argument_group(
+        "Kafka connection", "flag, else its STREAMSCHED_* variable, else the --config file")
+    group.add_argument("--config", default=None, metavar="FILE",
+                       help=f"TOML connection file (env {CONFIG_ENV}; see README 'Security')")
+    for flag in ("--sasl-password", "--ssl-key-password"):
+        # An exact flag, so argparse never takes it as an abbreviation of the *-file flag (and
+        # then shows the password as a file name); it refuses without echoing the value.
+        group.add_argument(flag, action=_RefusePassword, help=argparse.SUPPRESS)
+    for s in SETTINGS:
+        text = f"{s.help} (env {s.env})"
+        if s.kind == "bool":
+            group.add_argument(s.flag, dest=s.dest, default=None, action=argparse.BooleanOptionalAction,
+                               help=text)
+        elif s.kind == "options":
+            group.add_argument(s.flag, dest=s.dest, action="append", default=None, metavar="KEY=VALUE",
+                               help=text)
+        else:
+            group.add_argument(s.flag, dest=s.dest, default=None, help=text)
+
+
+class _RefusePassword(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is not accepted (a command line is visible to other users): "
+                     f"use {option_string}-file or {SECRET_ENV[self.dest]}")
+
+
+def resolve_connection(args: argparse.Namespace | Mapping[str, Any] | None = None, *,
+                       env: Mapping[str, str] | None = None,
+                       local_state: Path | None = LOCAL_STATE) -> Connection:
+    """The :class:`Connection` named by ``args`` (parsed flags), ``env`` and the config file."""
+    flags = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args or {})
+    env = os.environ if env is None else env
+    config_path = flags.get("config") or env.get(CONFIG_ENV)
+    file_doc: dict[str, Any] = {}
+    base = Path.cwd()
+    has_bootstrap = bool(flags.get("bootstrap") or env.get("STREAMSCHED_BOOTSTRAP"))
+    if config_path:
+        file_doc, base = load_file(Path(config_path)), Path(config_path).resolve().parent
+    elif not has_bootstrap and local_state is not None and local_state.exists():
+        # The project's own local broker: its bootstrap, and its admin client file if secured.
+        state = json.loads(local_state.read_text())
+        client_file = state.get("admin_config")
+        if client_file:
+            file_doc, base = load_file(Path(client_file)), Path(client_file).parent
+        file_doc.setdefault("bootstrap", state["bootstrap"])
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        values[s.dest] = _pick(s, flags, env, file_doc, base)
+    if not values["bootstrap"]:
+        raise ConfigError("no Kafka to talk to: pass --bootstrap, set STREAMSCHED_BOOTSTRAP, give a "
+                          "--config file, or run `streamsched broker start`")
+    sasl_password = _secret("sasl_password", values.pop("sasl_password_file"), env, file_doc.get("sasl", {}))
+    key_password = _secret("ssl_key_password", values.pop("ssl_key_password_file"), env,
+                           file_doc.get("ssl", {}))
+    provider_ref = values.pop("sasl_oauth_token_provider")
+    return Connection(
+        bootstrap=values["bootstrap"],
+        options=values["client_options"],
+        security_protocol=values["security_protocol"] or "PLAINTEXT",
+        sasl_mechanism=values["sasl_mechanism"],
+        sasl_username=values["sasl_username"],
+        sasl_password=sasl_password,
+        oauth_token_provider=load_token_provider(provider_ref) if provider_ref else None,
+        ssl_cafile=values["ssl_cafile"],
+        ssl_certfile=values["ssl_certfile"],
+        ssl_keyfile=values["ssl_keyfile"],
+        ssl_key_password=key_password,
+        ssl_check_hostname=values["ssl_check_hostname"] is not False,
+        producer_options=values["producer_options"],
+        consumer_options=values["consumer_options"],
+        admin_options=values["admin_options"],
+    )
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """A TOML connection file, checked for unknown keys (named, values never shown)."""
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"connection file {path} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"connection file {path} is not readable TOML ({type(exc).__name__})") from None
+    unknown = sorted(set(doc) - _FILE_KEYS)
+    if unknown:
+        raise ConfigError(f"connection file {path}: unknown key(s) {', '.join(unknown)}")
+    for section in ("sasl", "ssl", "client", "producer", "consumer", "admin"):
+        if section in doc and not isinstance(doc[section], dict):
+            raise ConfigError(f"connection file {path}: [{section}] must be a table")
+    for section, allowed in _SECTION_KEYS.items():
+        extra = sorted(set(doc.get(section, {})) - allowed)
+        if extra:
+            raise ConfigError(f"connection file {path}: unknown key(s) {', '.join(extra)} in [{section}]")
+    if any(k in doc.get("sasl", {}) for k in ("password",)) or "key_password" in doc.get("ssl", {}):
+        _warn_if_shared(path)
+    return doc
+
+
+def _warn_if_shared(path: Path) -> None:
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        log.warning("connection file %s holds a password and is readable by other users", path)
+
+
+def _pick(s: Setting, flags: Mapping[str, Any], env: Mapping[str, str], doc: Mapping[str, Any],
+          base: Path) -> Any:
+    from_file = _dig(doc, s.file_key)
+    if s.kind == "options":
+        merged: dict[str, Any] = {}
+        if from_file is not None:
+            merged.update(from_file)
+        if env.get(s.env):
+            merged.update(parse_options([p for p in env[s.env].split(",") if p.strip()], s.env))
+        if flags.get(s.dest):
+            merged.update(parse_options(flags[s.dest], s.flag))
+        return merged
+    value = flags.get(s.dest)
+    if value is None and env.get(s.env):
+        value = _bool(env[s.env], s.env) if s.kind == "bool" else env[s.env]
+    if value is None and from_file is not None:
+        if s.kind == "path":
+            from_file = str(base / Path(str(from_file)).expanduser())
+        value = from_file
+    if s.kind == "bool" and value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{'.'.join(s.file_key)} must be true or false")
+    return value
+
+
+def _dig(doc: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    cur: Any = doc
+    for k in keys:
+        if not isinstance(cur, Mapping) or k not in cur:
+            return None
+        cur = cur[k]
+    return cur
+
+
+def _bool(text: str, where: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{where} must be true or false")
+
+
+def parse_options(items: list[str], where: str) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; a VALUE that reads as JSON (a number, true/false) is taken as such."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.strip().partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{where} expects KEY=VALUE")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def _secret(name: str, file_path: str | None, env: Mapping[str, str],
+            section: Mapping[str, Any]) -> Secret | None:
+    """A password from its file (flag/variable/TOML ``*_file``), its variable, or the TOML file."""
+    if file_path:
+        try:
+            return Secret(Path(file_path).read_text().rstrip("\r\n"))
+        except OSError as exc:
+            # Not the path: a password typed where its file name belongs must not be echoed.
+            raise ConfigError(f"cannot read the {name.replace('_', ' ')} file "
+                              f"({type(exc).__name__})") from None
+    if env.get(SECRET_ENV[name]):
+        return Secret(env[SECRET_ENV[name]])
+    key = "password" if name == "sasl_password" else "key_password"
+    value = section.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"the {name.replace('_', ' ')} in the connection file must be a string")
+    return Secret(value) if value else None
+
+
+def load_token_provider(ref: str) -> Any:
+    """The OAUTHBEARER token provider named ``MODULE:ATTR`` (an aiokafka AbstractTokenProvider
+    class is instantiated; an instance or a callable returning a token is used as is)."""
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"the token provider must be MODULE:ATTR, got {ref!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load the token provider {ref} ({type(exc).__name__})") from None
+    from aiokafka.abc import AbstractTokenProvider
+
+    if isinstance(obj, type) and issubclass(obj, AbstractTokenProvider):
+        return obj()
+    return obj

@@ -1,0 +1,100 @@
+"""The RocksDB side of the claim stores: why RocksDB, how it is tuned, what a worker shares.
+
+Why RocksDB (through rocksdict, as quixstreams does) and not SQLite, measured on this machine
+(2 shared cores, 1,000,000 snapshots of ~110 bytes keyed by 70-byte identities, 8 stores in one
+process, pages of 2,000 written with the checkpoint in the same atomic write):
+
+=====================  ==================  ==========================================
+                       RocksDB (rocksdict)  SQLite (WAL, WITHOUT ROWID, 8-32 MB cache)
+=====================  ==================  ==========================================
+bulk load, 1M          1.5 s (655k/s)      26.9 s NORMAL sync / 17.5 s sync OFF
+point get, hit / miss  9.4 / 4.3 us        10.9 / 9.5 us
+write of 8 + offset    21 us               217-347 us
+RSS added (8 stores)   60-65 MB            72 MB (8 MB caches) .. 228 MB (32 MB caches)
+on disk                86 MB               296 MB
+=====================  ==================  ==========================================
+
+A cold restore is a bulk load of random keys, where a B-tree pays a random page write per key
+and an LSM tree appends; a turn adds a small atomic write per transaction, where SQLite pays a
+WAL commit. RocksDB also releases the GIL while it writes, so a restore builds the next page's
+batch while a worker thread writes the previous one, and its bloom filters answer "never seen"
+(the common case for a new identity) without a disk read.
+
+Tuning: one RocksDB per owned partition, small memtables (4 MB, two) under one memtable budget
+per worker (a ``WriteBufferManager``), one block cache per worker, bloom filters (10 bits per
+key), LZ4. The WAL is written but never synced (a process crash loses nothing; a power loss at
+most a suffix, which the changelog replays). A cold restore opens the store in *bulk* mode (see
+:meth:`StoreEnv.options`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+from streamsched.kafka import clients
+from streamsched.worker.changelog import TopicIdentity, describe
+
+
+class StoreEnv:
+    """What every claim store of one worker shares: the directory, the RocksDB block cache and
+    memtable budget, a writer thread, and the state topics' identities (asked of the cluster)."""
+
+    def __init__(self, directory: Path | str, *, cache_bytes: int = 4 * 1024 * 1024,
+                 block_cache_bytes: int = 16 * 1024 * 1024, memtable_bytes: int = 32 * 1024 * 1024) -> None:
+        self.directory = Path(directory)
+        self.cache_bytes = cache_bytes
+        """Python-side cache of decoded snapshots, per partition."""
+        self.block_cache_bytes = block_cache_bytes
+        self.memtable_bytes = memtable_bytes
+        self._shared: tuple[Any, Any] | None = None
+        self._asking: dict[str, asyncio.Future[TopicIdentity]] = {}
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="claimstore")
+
+    def options(self, *, bulk: bool = False) -> Any:
+        """RocksDB options of one store. ``bulk`` (a cold restore): a vector memtable and no
+        compactions, which cuts the write cost of a bulk load of random keys by an order of
+        magnitude (measured: 0.2 s instead of 2.3 s of writer time for 1M snapshots); the store
+        is reopened normally once caught up (:meth:`ClaimStore.catch_up`)."""
+        import rocksdict
+
+        if self._shared is None:
+            self._shared = (rocksdict.Cache(self.block_cache_bytes),
+                            rocksdict.WriteBufferManager(self.memtable_bytes, False))
+        cache, wbm = self._shared
+        opt = rocksdict.Options(raw_mode=True)
+        opt.create_if_missing(True)
+        opt.set_write_buffer_size(4 * 1024 * 1024)
+        opt.set_max_write_buffer_number(2)
+        opt.set_write_buffer_manager(wbm)
+        opt.set_max_background_jobs(2)
+        opt.set_keep_log_file_num(2)
+        opt.set_max_log_file_size(1024 * 1024)
+        opt.set_compression_type(rocksdict.DBCompressionType.lz4())
+        table = rocksdict.BlockBasedOptions()
+        table.set_block_cache(cache)
+        table.set_bloom_filter(10, False)
+        opt.set_block_based_table_factory(table)
+        if bulk:
+            opt.set_memtable_factory(rocksdict.MemtableFactory.vector())
+            opt.set_allow_concurrent_memtable_write(False)
+            opt.set_disable_auto_compactions(True)
+        return opt
+
+    def path(self, topic: str, partition: int) -> Path:
+        return self.directory / topic / str(partition)
+
+    async def identity(self, conn: clients.Conn, topic: str) -> TopicIdentity:
+        """The topic's identity, asked afresh by every restore; restores running at the same
+        time (a worker's partitions after an assignment) share one request. Never cached
+        longer: a topic may be deleted and created again between two restores."""
+        asking = self._asking.get(topic)
+        if asking is None:
+            asking = self._asking[topic] = asyncio.ensure_future(describe(conn, topic))
+            asking.add_done_callback(lambda _f: self._asking.pop(topic, None))
+        return await asyncio.shield(asking)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)

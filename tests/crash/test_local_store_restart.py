@@ -1,0 +1,75 @@
+"""SIGKILL a worker that keeps its claims in a local store, restart it on the same store.
+
+The restarted worker must trust its store (a warm restore per partition, no cold one), read only
+the state partitions' tail past the store's checkpoint, never execute an identity again and keep
+fencing tokens increasing per identity.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumers.harness import Workflow, audit, build_events, create_topics, produce, unresolved_below_commit
+from streamsched.kafka.reads import group_lag, read_topic
+from streamsched.testing import WorkerProcess, wait_drained
+
+pytestmark = [pytest.mark.kafka, pytest.mark.crash]
+
+WORKER_ENV = {
+    "STREAMSCHED_CLAIM_DURATION_S": "5",
+    "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
+    "STREAMSCHED_HEARTBEAT_MS": "500",
+    "STREAMSCHED_COMMIT_INTERVAL_S": "0",
+}
+
+
+def final_metrics(log: Path) -> dict[str, Any]:
+    """The metrics snapshot ``streamsched run`` prints when it exits."""
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith("{"):
+            doc = json.loads(line)
+            if "counters" in doc:
+                return doc  # type: ignore[no-any-return]
+    raise AssertionError("no metrics snapshot in the worker's output")
+
+
+async def test_restart_from_local_store_reads_only_the_tail(bootstrap: str, tmp_path: Path) -> None:
+    wf = Workflow("due_runs", f".store-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.sqlite3")
+    await create_topics(bootstrap, wf, partitions=2)
+    events = build_events(wf, unique=120, duplicates=40, noise=4)
+    await produce(bootstrap, wf, events)
+    env = {**WORKER_ENV, **wf.env, "STREAMSCHED_STORE_DIR": str(tmp_path / "stores")}
+
+    doomed = WorkerProcess(wf.app_ref, bootstrap, env={**env, "STREAMSCHED_FAILPOINT": "after_effect:70"},
+                           log_path=tmp_path / "doomed.log").start()
+    code = await doomed.wait_exit(timeout=90)
+    assert code == -signal.SIGKILL, f"worker did not die mid-run (exit {code})"
+    assert await unresolved_below_commit(bootstrap, wf) == [], "offset committed ahead of outcomes"
+    assert (await group_lag(bootstrap, wf.group, wf.topic)).total > 0, "the crash left nothing to do"
+    state_records = len(await read_topic(bootstrap, wf.state_topic))
+    assert state_records >= 70, "the crash came before the store held anything"
+
+    survivor = WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=tmp_path / "survivor.log").start()
+    try:
+        await wait_drained(bootstrap, wf.group, wf.topic, timeout=120)
+    finally:
+        assert survivor.terminate() == 0
+
+    counters = final_metrics(tmp_path / "survivor.log")["counters"]
+    assert counters.get("restores{kind=warm}") == 2 and "restores{kind=cold}" not in counters, counters
+    tail = sum(v for k, v in counters.items() if k.startswith("restore_records{"))
+    # The checkpoint moves with every committed transaction: at most the last one is re-read.
+    assert tail < state_records // 4, (tail, state_records)
+
+    result = await audit(bootstrap, wf, events)
+    assert result.missing == 0, result
+    assert result.extra_effects == 0, result
+    assert result.effects == result.unique == 120, result
+    assert result.fences_ok, result
+    assert result.all_released, result
