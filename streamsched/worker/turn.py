@@ -279,18 +279,12 @@ class TurnRunner:
             else:
                 await writer.flush()
             if pending is not None:
-                for it in pending.leaders:
-                    if it.outcome is not None:
-                        failpoints.hit("after_outcome")
-                for _ in pending.leaders:
-                    failpoints.hit("after_release")
+                _resolution_failpoints([pending])
             await self.producer.commit_transaction()
         except BaseException:
             await self._abort()
             raise
-        for st in view.values():
-            self.state.put(st)
-        self.state.commit_staged()  # tombstones applied, checkpoint moved (claimstore.py)
+        self._apply_committed(view)
         if pending is not None:
             self.offsets.resolve(pending)
             self._account(pending)
@@ -362,19 +356,12 @@ class TurnRunner:
                 await _both(writer.flush(), self._send_offsets(t_mark, d_mark))
             else:
                 await writer.flush()
-            for b in batches:
-                for it in b.leaders:
-                    if it.outcome is not None:
-                        failpoints.hit("after_outcome")
-                for _ in b.leaders:
-                    failpoints.hit("after_release")
+            _resolution_failpoints(batches)
             await self.producer.commit_transaction()
         except BaseException:
             await self._abort()
             raise
-        for st in view.values():
-            self.state.put(st)
-        self.state.commit_staged()  # tombstones applied, checkpoint moved (claimstore.py)
+        self._apply_committed(view)
         self.offsets.resolve(span)
         for b in batches:
             self._account(b)
@@ -435,6 +422,12 @@ class TurnRunner:
         view[st.identity] = st
         writer.add(self._state_topic, encode_claim(st), key=st.identity.encode(), partition=self.partition)
         self.state.stage()
+
+    def _apply_committed(self, view: dict[str, ClaimState]) -> None:
+        """After a commit: the snapshots it wrote become the partition's state."""
+        for st in view.values():
+            self.state.put(st)
+        self.state.commit_staged()  # tombstones applied, checkpoint moved (claimstore.py)
 
     async def _abort(self) -> None:
         self.state.discard_staged()
@@ -532,3 +525,13 @@ class TurnRunner:
         self.metrics.inc("committed", len(batch.items))
         # Every item of a batch resolves at the same commit: one observation per batch.
         self.metrics.observe("turn_seconds", time.perf_counter() - batch.started)
+
+
+def _resolution_failpoints(batches: list[Batch]) -> None:
+    """Crash boundaries between a resolution's writes and its commit (the crash matrix)."""
+    for b in batches:
+        for it in b.leaders:
+            if it.outcome is not None:
+                failpoints.hit("after_outcome")
+        for _ in b.leaders:
+            failpoints.hit("after_release")
