@@ -68,7 +68,7 @@ def test_help_names_every_command_and_the_exit_codes(capsys: pytest.CaptureFixtu
 
 def test_every_flag_has_help_and_names_the_variable_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     # A flag whose default changes with a STREAMSCHED_* variable must name that variable.
-    source = (ROOT / "streamsched" / "ops" / "cli.py").read_text()
+    source = "".join(f.read_text() for f in sorted((ROOT / "streamsched" / "ops" / "cli").glob("*.py")))
     names = sorted(set(re.findall(r"STREAMSCHED_[A-Z_]+", source)))
 
     def defaults() -> dict[str, dict[str, object]]:

@@ -1,0 +1,241 @@
+"""The operator commands: broker, topics, run, status, dlq, outbox, replay and acl. Each
+``cmd_*`` takes the parsed arguments and returns the exit code; imports are local so that
+``streamsched --help`` stays fast and a command loads only what it uses."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from streamsched.errors import ConfigError
+from streamsched.ops.cli.common import (
+    configure_logging,
+    connect,
+    load_app,
+    run_service,
+    serve_status,
+    stop_on_signals,
+)
+
+# --- broker ---------------------------------------------------------------------------------------
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from streamsched.ops import broker
+
+    data_dir = Path(args.data_dir)
+    if args.action == "start":
+        st = broker.status(data_dir)
+        if st.get("running"):
+            print(st["bootstrap"])
+            return 0
+        from streamsched.ops.broker_security import BrokerSecurity
+
+        # A data dir formatted secured stays secured (its users exist only in its metadata).
+        security = BrokerSecurity.load(data_dir / "security")
+        if args.security == "sasl" or security is not None:
+            security = BrokerSecurity.create(data_dir / "security", args.user or (), tls=args.tls)
+        elif args.tls or args.user:
+            raise ConfigError("--tls and --user need --security sasl")
+        cluster = broker.LocalCluster(data_dir=data_dir, nodes=args.nodes, port=args.port, security=security)
+        print(cluster.start())
+        if security is not None:
+            files = {u: str(security.write_client_file(cluster.bootstrap, u)) for u in security.users}
+            print(json.dumps({"security": "sasl+tls" if security.tls else "sasl", "connection_files": files,
+                              **({"tls_bootstrap": cluster.tls_bootstrap, "ca_file": str(security.ca_file)}
+                                 if security.tls else {})}), file=sys.stderr)
+        return 0
+    if args.action == "stop":
+        st = broker.status(data_dir)
+        saved = data_dir / "cluster.json"
+        if saved.exists():
+            for node in json.loads(saved.read_text())["nodes"]:
+                broker.stop_pid_file(Path(node["data_dir"]) / "pid")
+        print("stopped" if st.get("running") else "not running")
+        return 0
+    st = broker.status(data_dir)
+    print(json.dumps(st, indent=2))
+    return 0 if st.get("running") else 1
+
+
+# --- topics ---------------------------------------------------------------------------------------
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from streamsched.kafka.admin import TopicSpec, apply, load_dir
+
+    specs = load_dir(Path(args.dir))
+    if args.replication:
+        specs = [s.with_replication(args.replication) for s in specs]
+    derived: list[TopicSpec] = []  # every app is loaded before anything is applied
+    by_name = {s.name: s for s in specs}
+    for ref in args.app or ():
+        for sched in load_app(ref).schedulers.values():
+            base = by_name.get(sched.topic)
+            if base is None:
+                raise ConfigError(f"scheduler {sched.name}: topic {sched.topic} is not defined")
+            derived.append(TopicSpec(sched.state_topic, base.partitions, base.replication, "state"))
+            derived.append(TopicSpec(sched.dead_letter_topic, base.partitions, base.replication,
+                                     "dead_letter"))
+            derived.append(TopicSpec(sched.delay_topic, base.partitions, base.replication, "delay"))
+    bootstrap = connect(args)
+    # Replication or min.insync.replicas other than the definition's is refused unless
+    # --allow-drift (then reported); an internal RF 1 topic on a multi-broker cluster needs
+    # --allow-single-replica (streamsched.kafka.admin).
+    checks = {"allow_drift": args.allow_drift, "allow_single_replica": args.allow_single_replica}
+    report = asyncio.run(apply(bootstrap, specs, **checks))
+    if derived:
+        report.merge(asyncio.run(apply(bootstrap, derived, **checks)))
+    print(json.dumps(report.to_dict()))
+    return 0
+
+
+# --- run ------------------------------------------------------------------------------------------
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from streamsched.worker.intake import Worker, worker_config_from_env
+
+    app = load_app(args.app)
+    names = [args.scheduler] if args.scheduler else list(app.schedulers)
+    unknown = [n for n in names if n not in app.schedulers]
+    if unknown:
+        raise ConfigError(f"no scheduler named {unknown[0]!r} in {args.app}")
+    # --no-create-topics: a least-authority role has no CREATE; its topics are an operator's job.
+    # --store-dir / --outcome-horizon: unset leaves the environment's (or the default) in force.
+    store = {k: v for k, v in (("store_dir", args.store_dir), ("outcome_horizon_s", args.outcome_horizon))
+             if v is not None}
+    config = worker_config_from_env(connect(args), ensure_topics=not args.no_create_topics,
+                                    replication=args.replication,
+                                    allow_single_replica=args.allow_single_replica, **store)
+
+    async def main() -> None:
+        stop = stop_on_signals()
+        workers = [Worker(app.schedulers[n], config) for n in names]
+        async with contextlib.AsyncExitStack() as stack:
+            # Ready when every scheduler's worker is (getattr: `ready` is new on Worker).
+            await serve_status(stack, args, [w.metrics for w in workers],
+                                lambda: all(getattr(w, "ready", False) is True for w in workers))
+            async with asyncio.TaskGroup() as tg:
+                for w in workers:
+                    tg.create_task(w.run(stop))
+        for w in workers:
+            print(json.dumps(w.metrics.snapshot()), file=sys.stderr)
+
+    configure_logging()
+    return run_service(main)
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from streamsched.ops.status import StatusUnavailable, fetch_status, format_status
+
+    try:
+        doc = asyncio.run(fetch_status(args.url_arg or args.url))
+    except StatusUnavailable as exc:
+        print(f"streamsched: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(doc, indent=2) if args.json else format_status(doc))
+    return 0
+
+
+# --- dlq ------------------------------------------------------------------------------------------
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from streamsched.model.names import internal_topic
+    from streamsched.ops.dlq import format_dead_letters, list_dead_letters, replay
+
+    topic = args.topic or internal_topic("dlq", args.scheduler)
+    bootstrap = connect(args)
+    if args.action == "list":
+        views = asyncio.run(list_dead_letters(bootstrap, topic, limit=args.limit, kind=args.kind))
+        print(format_dead_letters(views))
+        return 0
+    kinds = {args.kind} if args.kind else None
+    report = asyncio.run(replay(bootstrap, topic, kinds=kinds, limit=args.limit, dry_run=args.dry_run))
+    print(json.dumps(report.to_dict()))
+    return 0
+
+
+# --- outbox ---------------------------------------------------------------------------------------
+
+def cmd_outbox(args: argparse.Namespace) -> int:
+    """``relay``: publish an outbox table's intents to Kafka until SIGTERM; ``status``: its counts;
+    ``requeue``: give dead intents (of ``--kind``) a fresh set of attempts."""
+    import socket
+
+    from streamsched.model.retry import RetryPolicy
+    from streamsched.outbox import Outbox
+
+    if not args.dsn:
+        raise ConfigError("outbox needs --dsn (sqlite:///path.db or postgresql://...) "
+                          "or STREAMSCHED_OUTBOX_DSN")
+    outbox = Outbox(args.dsn, table=args.table, lease_s=args.lease_s, batch_size=args.batch_size,
+                    policy=RetryPolicy(maximum_attempts=args.max_attempts))
+    if args.action in ("status", "requeue"):
+        async def once() -> Any:
+            async with outbox:
+                if args.action == "requeue":
+                    return {"requeued": await outbox.requeue_dead(args.kind)}
+                return (await outbox.counts()).as_dict()
+
+        print(json.dumps(asyncio.run(once())))
+        return 0
+    bootstrap = connect(args)
+    worker_id = args.worker_id or f"relay-{socket.gethostname()}-{os.getpid()}"
+
+    async def main() -> None:
+        stop = stop_on_signals()
+        async with outbox, contextlib.AsyncExitStack() as stack:
+            if args.create_schema:
+                await outbox.ensure_schema()
+            await serve_status(stack, args, [outbox.metrics], lambda: True)
+            await outbox.relay(worker_id, stop, kafka=bootstrap)
+        print(json.dumps(outbox.metrics.snapshot()), file=sys.stderr)
+
+    configure_logging()
+    return run_service(main)
+
+
+# --- replay ---------------------------------------------------------------------------------------
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Reset the scheduler group's offsets so its topic is read again (refused while the group has
+    members), or ``--verify``: re-read the range and report what a replay would execute."""
+    from streamsched.ops import replay, replay_verify
+
+    sched = replay.pick_scheduler(load_app(args.app), args.scheduler, args.app)
+    target = replay.parse_target(earliest=args.to_earliest, offsets=args.to_offset, at=args.to_time)
+    bootstrap = connect(args)
+    if args.verify:
+        report = asyncio.run(replay_verify.verify(bootstrap, sched, target, progress=args.progress))
+        if args.per_identity:
+            for entry in report.identities.values():
+                print(json.dumps(entry.as_dict()))
+        print(json.dumps(report.to_dict()))
+        return 0
+    plan = asyncio.run(replay.reset(bootstrap, sched.group, sched.topic, target, dry_run=args.dry_run))
+    for line in plan.lines():
+        print(line, file=sys.stderr)
+    print(json.dumps(plan.to_dict()))
+    return 0
+
+
+# --- acl ------------------------------------------------------------------------------------------
+
+def cmd_acl(args: argparse.Namespace) -> int:
+    """``plan``: the exact ACLs of an app's scheduler roles; ``apply``: create them (as an operator)."""
+    from streamsched.ops import acl
+
+    acls = acl.plan_app(load_app(args.app), principal=args.principal, scheduler=args.scheduler,
+                        catalogs=args.catalog or ())
+    if args.action == "plan":
+        print(acl.format_plan(acls, as_json=args.format == "json"))
+        return 0
+    applied = asyncio.run(acl.apply(connect(args), acls))
+    print(json.dumps({"applied": applied, "principals": sorted({a.principal for a in acls})}))
+    return 0

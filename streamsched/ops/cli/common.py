@@ -1,0 +1,199 @@
+"""What every ``streamsched`` command shares: the connection, the app loader, signal handling
+for long-running services, the status server, the version line, and the one-line failure report
+with its exit code (:data:`EXIT_CODES`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from streamsched.errors import ConfigError, StreamschedError
+
+DEFAULT_DATA_DIR = Path(".streamsched/broker")
+_early_stop: list[int] = []
+"""Signals received before a worker's event loop took them over (see main)."""
+
+
+def connect(args: argparse.Namespace) -> Any:
+    """The command's :class:`~streamsched.kafka.clients.Connection` from its connection flags,
+    STREAMSCHED_* variables and --config file (:mod:`streamsched.ops.config`). Typed ``Any``
+    because some APIs still annotate a ``bootstrap: str`` although every one hands it to
+    :func:`streamsched.kafka.clients.connection`, which takes both."""
+    from streamsched.ops.config import resolve_connection
+
+    return resolve_connection(args)
+
+
+def load_app(ref: str) -> Any:
+    """The app ``MODULE:ATTR`` names (the working directory is importable), or a one-line
+    :class:`ConfigError` saying what is wrong with the reference: never an import traceback."""
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"expected MODULE:ATTR, got {ref!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+            raise ConfigError(f"{ref}: no module named {exc.name!r} (not on PYTHONPATH nor in the "
+                              "working directory)") from None
+        raise ConfigError(f"{ref}: importing {module} failed: no module named {exc.name!r}") from None
+    except Exception as exc:
+        # The type (and where, for a syntax error), not the message: it is the app's own text.
+        where = f" at {exc.filename}:{exc.lineno}" if isinstance(exc, SyntaxError) else ""
+        raise ConfigError(f"{ref}: importing {module} failed: {type(exc).__name__}{where}") from exc
+    if not hasattr(loaded, attr):
+        raise ConfigError(f"{ref}: module {module} has no attribute {attr!r}")
+    app = getattr(loaded, attr)
+    if not hasattr(app, "schedulers"):
+        raise ConfigError(f"{ref} is a {type(app).__name__}, not a streamsched.App")
+    return app
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by the first SIGTERM/SIGINT (drain, commit, leave the group); a second one
+    cancels the running main task: stop at once, without draining. Signals that arrived while
+    the process was starting (see :func:`early_signal`) count."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+
+    def on_signal(signum: int) -> None:
+        _early_stop.append(signum)
+        if len(_early_stop) == 1:
+            stop.set()
+        elif main_task is not None:
+            main_task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    if _early_stop:
+        stop.set()
+        if len(_early_stop) > 1 and main_task is not None:
+            main_task.cancel()
+    return stop
+
+
+def early_signal(signum: int, _frame: object) -> None:
+    """SIGTERM/SIGINT before the event loop took them over (or after it closed): the first one
+    means "stop cleanly" (no KeyboardInterrupt traceback), a second one exits at once."""
+    _early_stop.append(signum)
+    if len(_early_stop) > 1:
+        raise SystemExit(128 + signum)
+
+
+def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> int:
+    """``asyncio.run(main())`` for a worker or ticker whose ``main`` uses :func:`stop_on_signals`:
+    0 after a clean drain, 128 + the signal number when a second signal stopped it at once."""
+    early = signal.getsignal(signal.SIGINT) is early_signal  # started through main()
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:
+        return 128 + (_early_stop[-1] if _early_stop else signal.SIGTERM)
+    finally:
+        if early:  # asyncio restored the defaults when its loop closed: a late signal stays quiet
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, early_signal)
+    return 0
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=os.environ.get("STREAMSCHED_LOG", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+async def serve_status(stack: contextlib.AsyncExitStack, args: argparse.Namespace, metrics: list[Any],
+                        ready: Any) -> None:
+    """Serve /metrics, /status, /healthz and /readyz on --status-host:--status-port until ``stack`` closes."""
+    if args.status_port is None:
+        return
+    from streamsched.ops.status import StatusServer
+
+    server = await stack.enter_async_context(
+        StatusServer(metrics, host=args.status_host, port=args.status_port, ready=ready))
+    print(json.dumps({"status_url": server.url}), file=sys.stderr, flush=True)
+
+
+def version_text() -> str:
+    """``streamsched X.Y.Z (aiokafka A.B.C, Python P)``: what a bug report needs."""
+    import platform
+    from importlib import metadata
+
+    import streamsched
+
+    def installed(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    ours = installed("streamsched") or streamsched.__version__
+    return f"streamsched {ours} (aiokafka {installed('aiokafka') or '?'}, Python {platform.python_version()})"
+
+
+EXIT_CODES = """\
+exit codes:
+  0      success
+  1      the answer is no: `broker status` of a stopped broker, `status` with no server
+         answering, `schedule rm|enable|disable` of a schedule that does not exist
+  2      usage or configuration error, or input refused (a bad flag, MODULE:ATTR, event,
+         topic definition or drift): nothing was sent
+  3      Kafka is unreachable or refused the request
+  4      a worker, ticker or relay stopped on an unexpected error
+  128+N  stopped at once by a second signal N (130: two Ctrl-C, 143: two SIGTERMs)
+every failure is one line on stderr ("streamsched: ..."); STREAMSCHED_LOG=DEBUG adds the traceback
+"""
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups: `run` runs its workers in a TaskGroup."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def report_failure(exc: Exception) -> int:
+    """Print ``exc`` as one line on stderr and return its exit code (:data:`EXIT_CODES`).
+
+    An exception group is unwrapped: our own typed error wins, then Kafka's, then anything else.
+    Kafka's and unexpected errors are named by type only: their messages can carry broker-side
+    detail or record fragments we do not vouch for.
+    """
+    import socket
+
+    from aiokafka.errors import KafkaError
+
+    leaves = _leaves(exc)
+    if os.environ.get("STREAMSCHED_LOG", "").upper() == "DEBUG":
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    ours = [e for e in leaves if isinstance(e, StreamschedError)]
+    if ours:
+        print(f"streamsched: {type(ours[0]).__name__}: {ours[0]}", file=sys.stderr)
+        return 2
+    unreachable = KafkaError | ConnectionError | TimeoutError | socket.gaierror
+    kafka = [e for e in leaves if isinstance(e, unreachable)]
+    if kafka:
+        print(f"streamsched: Kafka is unreachable or refused the request ({type(kafka[0]).__name__})",
+              file=sys.stderr)
+        return 3
+    files = [e for e in leaves if isinstance(e, OSError)]
+    if files:
+        err = files[0]
+        print(f"streamsched: {type(err).__name__}: {err.strerror or 'failed'}"
+              + (f": {err.filename}" if err.filename else ""), file=sys.stderr)
+        return 2
+    print(f"streamsched: stopped on an unexpected error ({type(leaves[0]).__name__}); "
+          "STREAMSCHED_LOG=DEBUG prints the traceback", file=sys.stderr)
+    return 4

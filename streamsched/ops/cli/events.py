@@ -1,0 +1,164 @@
+"""Event and schedule commands: ``emit`` (one validated transition through
+:class:`streamsched.Producer`) and ``schedule`` (the catalog's add/rm/enable/disable/list/history,
+and ``tick``, the ticker service)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import uuid
+from typing import Any
+
+from streamsched.errors import ConfigError
+from streamsched.ops.cli.common import configure_logging, connect, run_service, serve_status, stop_on_signals
+
+# --- emit -----------------------------------------------------------------------------------------
+
+def event_from_json(doc: dict[str, Any]) -> Any:
+    """Build a validated TransitionEvent from the CLI's JSON shape."""
+    from streamsched.model.event import TransitionEvent
+    from streamsched.model.jsonval import json_dumps
+    from streamsched.wire.transition import decode_transition, encode_transition
+
+    allowed = {"type", "tenant", "target", "due_ns", "payload", "event_id", "attempt", "origin"}
+    extra = set(doc) - allowed
+    if extra:
+        raise ConfigError(f"unknown event fields {sorted(extra)}; allowed: {sorted(allowed)}")
+    if "type" not in doc:
+        raise ConfigError("an event needs a 'type'")
+    target = doc.get("target", [])
+    if isinstance(target, str):
+        target = [target]
+    ev = TransitionEvent(
+        event_id=str(doc.get("event_id") or uuid.uuid4().hex),
+        type=str(doc["type"]),
+        tenant=str(doc.get("tenant", "")),
+        target=tuple(str(t) for t in target),
+        due_ns=int(doc.get("due_ns", 0)),
+        payload=json_dumps(doc.get("payload", {})),
+        produced_ns=time.time_ns(),
+        attempt=int(doc.get("attempt", 1)),
+        origin=doc.get("origin"),
+    )
+    # Round-trip through the decoder: `emit` refuses anything a worker would dead-letter.
+    return decode_transition(encode_transition(ev))
+
+
+def cmd_emit(args: argparse.Namespace) -> int:
+    from streamsched.kafka.producer import Producer, encode_event
+    from streamsched.model.names import validate_name
+
+    validate_name(args.topic, "topic")
+    try:
+        doc = json.loads(args.event)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--event is not valid JSON (line {exc.lineno} col {exc.colno})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError("--event must be a JSON object")
+    ev = event_from_json(doc)
+    key, _ = encode_event(ev)
+    if args.key and args.key.encode() != key:
+        # Any other key puts the identity on a partition its owner never sees (dead-lettered).
+        raise ConfigError("--key must be the event's route key (omit it: emit sets the route key)")
+    bootstrap = connect(args)
+
+    async def send() -> Any:
+        async with Producer(bootstrap) as producer:
+            return await producer.send(args.topic, ev)
+
+    md = asyncio.run(send())
+    print(json.dumps({"topic": md.topic, "partition": md.partition, "offset": md.offset,
+                      "event_id": ev.event_id}))
+    return 0
+
+
+# --- schedule -------------------------------------------------------------------------------------
+
+def _fmt_ns(ns: int | None) -> str:
+    if ns is None:
+        return "-"
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from streamsched.schedules.catalog import Catalog
+
+    catalog = Catalog(connect(args), args.catalog, partitions=args.partitions, replication=args.replication,
+                      allow_single_replica=args.allow_single_replica)
+
+    async def run() -> int:
+        if args.action == "add":
+            from streamsched.model.names import validate_name
+            from streamsched.model.specs import parse_spec
+
+            # Refuse bad input before touching the cluster.
+            validate_name(args.name, "schedule")
+            validate_name(args.target, "topic")
+            parse_spec(args.spec, timezone=args.timezone)
+            await catalog.ensure_topics()
+            payload = json.loads(args.payload) if args.payload else None
+            d = await catalog.schedule(args.name, args.spec, args.target, payload,
+                                       event_type=args.type, tenant=args.tenant,
+                                       policy=args.policy, timezone=args.timezone)
+            print(json.dumps({"name": d.name, "version": d.version, "schedule_id": d.schedule_id}))
+            return 0
+        if args.action in ("rm", "enable", "disable"):
+            fn = {"rm": catalog.unschedule, "enable": catalog.enable, "disable": catalog.disable}
+            found = await fn[args.action](args.name)
+            print(json.dumps({"name": args.name, args.action: found}))
+            return 0 if found else 1
+        if args.action == "list":
+            infos = await catalog.list()
+            if infos.skipped_corrupt:
+                print(f"{infos.skipped_corrupt} unreadable records skipped", file=sys.stderr)
+            if args.json:
+                print(json.dumps([i.as_dict() for i in infos]))
+                return 0
+            print(f"{'name':<24} {'spec':<20} {'status':<10} {'next planned (UTC)':<28} fired skipped")
+            for i in infos:
+                row = i.as_dict()
+                print(f"{row['name']:<24} {row['spec']:<20} {row['status']:<10} "
+                      f"{_fmt_ns(row['next_planned_ns']):<28} {row['fired']:>5} {row['skipped']:>7}")
+            return 0
+        if args.action == "history":
+            rows = await catalog.history(args.name)
+            if rows.skipped_corrupt:
+                print(f"{rows.skipped_corrupt} unreadable records skipped", file=sys.stderr)
+            for r in rows:
+                cause = f" {r.cause_kind}/{r.cause_category}" if r.cause_kind else ""
+                print(f"{_fmt_ns(r.at_ns)}  {r.occurrence:<40} attempt {r.attempt}  {r.state}{cause}")
+            return 0
+        raise ConfigError(f"unknown schedule action {args.action}")
+
+    if args.action == "tick":
+        return _run_ticker(catalog, args)
+    return asyncio.run(run())
+
+
+def _run_ticker(catalog: Any, args: argparse.Namespace) -> int:
+    from streamsched.schedules.ticker import Ticker, TickerConfig
+    from streamsched.worker.intake import worker_config_from_env
+
+    wc = worker_config_from_env(catalog.bootstrap)
+    config = TickerConfig(bootstrap=catalog.bootstrap, owner=wc.owner,
+                          session_timeout_ms=wc.session_timeout_ms,
+                          heartbeat_interval_ms=wc.heartbeat_interval_ms)
+
+    async def main() -> None:
+        stop = stop_on_signals()
+        ticker = Ticker(catalog, config)
+        async with contextlib.AsyncExitStack() as stack:
+            # getattr: `ready` is new on Ticker; until it exists the ticker reports not ready.
+            await serve_status(stack, args, [ticker.metrics],
+                                lambda: getattr(ticker, "ready", False) is True)
+            await ticker.run(stop)
+        print(json.dumps(ticker.metrics.snapshot()), file=sys.stderr)
+
+    configure_logging()
+    return run_service(main)

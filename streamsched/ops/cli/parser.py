@@ -1,0 +1,245 @@
+"""The argument parser: every command, flag, help text and the STREAMSCHED_* variable a flag
+reads (tests check each flag has help and names its variable)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from streamsched.errors import ConfigError
+from streamsched.ops.cli.commands import (
+    cmd_acl,
+    cmd_broker,
+    cmd_dlq,
+    cmd_outbox,
+    cmd_replay,
+    cmd_run,
+    cmd_status,
+    cmd_topics,
+)
+from streamsched.ops.cli.common import DEFAULT_DATA_DIR, EXIT_CODES, version_text
+from streamsched.ops.cli.events import cmd_emit, cmd_schedule
+
+_SCHEDULE_EPILOG = """\
+missed boundaries (--policy), after downtime:
+  The missed boundaries are those after the last one planned, up to and including now; say D.
+  catch_up  fires the first 64 in order, then the latest (the current occurrence):
+            D <= 65: all D fire, none skipped; D > 65: 65 fire, the D - 65 between the
+            64th and the latest are skipped.
+  coalesce  fires only the latest; D - 1 are skipped.
+  Skipped boundaries never fire and get no history row; `schedule list` counts them.
+  Example, D = 100: catch_up fires the 1st-64th and the 100th, skips 35;
+  coalesce fires the 100th, skips 99. One run fires at most 65 occurrences per schedule.
+
+list/history print "N unreadable records skipped" on stderr when the catalog holds records
+they cannot decode.
+"""
+
+
+_RUN_EPILOG = """\
+environment (besides the flags' own):
+  STREAMSCHED_SESSION_TIMEOUT_MS  consumer-group session timeout (default 10000)
+  STREAMSCHED_HEARTBEAT_MS        heartbeat interval (default 1000)
+  STREAMSCHED_COMMIT_INTERVAL_S   longest wait before offsets ride a transaction under load (0.2)
+  STREAMSCHED_LOG                 log level (default WARNING; DEBUG also prints tracebacks)
+
+The first SIGTERM or SIGINT drains, commits and leaves the group (exit 0); a second stops at once.
+"""
+
+
+def _horizon(text: str) -> float:
+    from streamsched.worker.store import check_horizon, parse_duration
+
+    try:
+        return check_horizon(parse_duration(text))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_status_options(p: argparse.ArgumentParser, *, port_from_env: bool) -> None:
+    # Only `run` reads STREAMSCHED_STATUS_PORT: a worker and a ticker started from one
+    # environment must not both try to bind it.
+    env_port = os.environ.get("STREAMSCHED_STATUS_PORT") if port_from_env else None
+    p.add_argument("--status-port", type=int, default=int(env_port) if env_port else None,
+                   help="serve /status (JSON), /metrics (Prometheus), /healthz and /readyz on this port"
+                        + (" (env STREAMSCHED_STATUS_PORT)" if port_from_env else "") + "; default: none")
+    p.add_argument("--status-host", default=os.environ.get("STREAMSCHED_STATUS_HOST", "127.0.0.1"),
+                   help="address the status server binds (env STREAMSCHED_STATUS_HOST; default 127.0.0.1, "
+                        "0.0.0.0 in a container)")
+
+
+def _add_single_replica_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-single-replica", action="store_true",
+                   help="allow creating internal topics with replication factor 1 on a multi-broker cluster "
+                        "(default: refused; their records would be lost with one broker)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from streamsched.ops.config import add_connection_options
+
+    parser = argparse.ArgumentParser(
+        prog="streamsched", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
+        description="Durable workflow schedulers on Apache Kafka. `streamsched COMMAND --help` tells "
+                    "each command's flags (and the STREAMSCHED_* variable each one reads).")
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print streamsched's version (and aiokafka's, Python's) and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("broker", help="run a local Apache Kafka (KRaft) on loopback")
+    b.add_argument("action", choices=["start", "stop", "status"], help="start, stop or show the local broker")
+    b.add_argument("--port", type=int, default=None, help="client port of the first node (default: free)")
+    b.add_argument("--nodes", type=int, default=1, help="brokers in the local cluster (default 1)")
+    b.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR),
+                   help=f"where the cluster keeps its logs and state (default {DEFAULT_DATA_DIR})")
+    b.add_argument("--security", choices=["none", "sasl"], default="none",
+                   help="sasl: SASL_PLAINTEXT with SCRAM users, the StandardAuthorizer and super user admin "
+                        "(connection files for --config are written under DATA_DIR/security)")
+    b.add_argument("--tls", action="store_true",
+                   help="with --security sasl: also SASL_SSL and client-certificate SSL listeners, with a "
+                        "CA made for this broker (openssl)")
+    b.add_argument("--user", action="append", default=None, metavar="NAME",
+                   help="with --security sasl: a SCRAM user created at format time (repeatable)")
+    b.set_defaults(fn=cmd_broker)
+
+    t = sub.add_parser("topics", help="apply topic definitions idempotently")
+    t.add_argument("action", choices=["apply"], help="create missing topics, verify existing ones")
+    t.add_argument("--dir", default="topics", help="directory of *.toml topic definitions (default topics)")
+    t.add_argument("--app", action="append", default=None, metavar="MODULE:ATTR",
+                   help="an app whose schedulers' state, dead-letter and delay topics to apply too "
+                        "(repeatable)")
+    t.add_argument("--replication", type=int, default=None,
+                   help="replication factor of every topic applied (default: each definition's, else "
+                        "min(3, brokers); internal topics get min.insync.replicas min(2, replication))")
+    t.add_argument("--allow-drift", action="store_true",
+                   help="accept and report existing topics whose replication or min.insync.replicas differ "
+                        "from the definition (default: refuse, exit 2)")
+    _add_single_replica_option(t)
+    add_connection_options(t)
+    t.set_defaults(fn=cmd_topics)
+
+    r = sub.add_parser("run", help="run an app's schedulers as consumer-group members",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_RUN_EPILOG)
+    r.add_argument("app", help="MODULE:ATTR of a streamsched.App")
+    r.add_argument("--scheduler", default=None, help="run only this scheduler of the app (default: all)")
+    env_rf = os.environ.get("STREAMSCHED_REPLICATION")
+    r.add_argument("--replication", type=int, default=int(env_rf) if env_rf else None,
+                   help="replication factor of the state, dead-letter and delay topics the worker creates "
+                        "(env STREAMSCHED_REPLICATION; default min(3, brokers), min.insync.replicas "
+                        "min(2, replication)); an explicit one also refuses existing topics that differ")
+    _add_single_replica_option(r)
+    r.add_argument("--no-create-topics", action="store_true",
+                   help="do not create the state, dead-letter and delay topics (a role without CREATE; "
+                        "an operator runs `topics apply --app`)")
+    r.add_argument("--store-dir", default=None,
+                   help="keep claim state on disk here (RocksDB, one store per owned partition; a restart "
+                        "reads only the state topic's tail; env STREAMSCHED_STORE_DIR; default: in memory)")
+    r.add_argument("--outcome-horizon", default=None, type=_horizon, metavar="DURATION",
+                   help="how long a resolved identity is remembered, e.g. 7d, 36h (1h..365d; env "
+                        "STREAMSCHED_OUTCOME_HORIZON; default 7d); an event replayed later runs again")
+    add_connection_options(r)
+    _add_status_options(r, port_from_env=True)
+    r.set_defaults(fn=cmd_run)
+
+    dq = sub.add_parser("dlq", help="list dead letters, or replay them to their source topic")
+    dq.add_argument("action", choices=["list", "replay"], help="list dead letters, or replay them")
+    dq.add_argument("scheduler", nargs="?", default=None, help="scheduler whose dead-letter topic to use")
+    dq.add_argument("--topic", default=None, help="a dead-letter topic by name instead")
+    dq.add_argument("--kind", default=None, help="only this kind (decode, bound, misrouted, terminal, ...)")
+    dq.add_argument("--limit", type=int, default=100, help="at most this many dead letters (default 100)")
+    dq.add_argument("--dry-run", action="store_true", help="replay: count, send nothing")
+    add_connection_options(dq)
+    dq.set_defaults(fn=cmd_dlq)
+
+    st = sub.add_parser("status", help="print a running worker's counters, gauges and last error")
+    st.add_argument("url_arg", nargs="?", default=None, metavar="URL",
+                    help="status server, e.g. http://127.0.0.1:9464 (same as --url)")
+    st.add_argument("--url", default=os.environ.get("STREAMSCHED_STATUS_URL", "http://127.0.0.1:9464"),
+                    help="status server (env STREAMSCHED_STATUS_URL; default http://127.0.0.1:9464)")
+    st.add_argument("--json", action="store_true", help="machine output: the /status document as JSON")
+    st.set_defaults(fn=cmd_status)
+
+    e = sub.add_parser("emit", help="produce one schema-validated transition event")
+    e.add_argument("topic", help="transition topic to produce to")
+    e.add_argument("--event", required=True, metavar="JSON",
+                   help='the event as a JSON object, e.g. {"type":"due","tenant":"t1","target":["run-1"]} '
+                        "(emit always prints one JSON line)")
+    e.add_argument("--key", default=None,
+                   help="record key; must equal the identity's route key (the default), else refused")
+    add_connection_options(e)
+    e.set_defaults(fn=cmd_emit)
+
+    sc = sub.add_parser("schedule", help="durable schedules: add, rm, enable, disable, list, history, tick",
+                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_SCHEDULE_EPILOG)
+    sc.add_argument("action", choices=["add", "rm", "enable", "disable", "list", "history", "tick"],
+                    help="tick runs the ticker that fires due occurrences (a long-running service)")
+    sc.add_argument("name", nargs="?", default=None, help="schedule name (add, rm, enable, disable, history)")
+    sc.add_argument("spec", nargs="?", default=None, help="@every 5m | @at 2026-12-24T18:00:00Z | cron")
+    sc.add_argument("--target", default=None, help="transition topic the occurrences go to")
+    sc.add_argument("--payload", default=None, help="JSON document carried by every occurrence")
+    sc.add_argument("--type", default="due", help="transition type of the occurrences")
+    sc.add_argument("--tenant", default="", help="tenant of the occurrences (default empty)")
+    sc.add_argument("--policy", choices=["catch_up", "coalesce"], default="catch_up",
+                    help="what fires after downtime (see below; default catch_up)")
+    sc.add_argument("--timezone", default=None, help="IANA zone for cron specs")
+    sc.add_argument("--catalog", default="default", help="catalog name (default: default)")
+    sc.add_argument("--partitions", type=int, default=4, help="partitions of a new catalog's topics")
+    sc.add_argument("--replication", type=int, default=None,
+                    help="replication factor of a new catalog's topics (default min(3, brokers), "
+                         "min.insync.replicas min(2, replication)); an explicit one refuses topics "
+                         "that differ")
+    _add_single_replica_option(sc)
+    sc.add_argument("--json", action="store_true", help="list: machine output (a JSON array)")
+    add_connection_options(sc)
+    _add_status_options(sc, port_from_env=False)  # used by `tick`
+    sc.set_defaults(fn=cmd_schedule)
+
+    ob = sub.add_parser("outbox", help="relay an outbox table's intents to Kafka; show or requeue them")
+    ob.add_argument("action", choices=["relay", "status", "requeue"],
+                    help="relay (a long-running service), status (counts) or requeue (dead intents)")
+    ob.add_argument("--dsn", default=os.environ.get("STREAMSCHED_OUTBOX_DSN"),
+                    help="sqlite:///path.db, sqlite:////abs/path.db or postgresql://... "
+                         "(env STREAMSCHED_OUTBOX_DSN)")
+    ob.add_argument("--table", default="streamsched_outbox", help="outbox table (default streamsched_outbox)")
+    ob.add_argument("--worker-id", default=None, help="lease owner name (default relay-<host>-<pid>)")
+    ob.add_argument("--batch-size", type=int, default=16, help="intents claimed per round (max 64)")
+    ob.add_argument("--lease-s", type=float, default=30.0, help="lease: the longest one delivery may take")
+    ob.add_argument("--max-attempts", type=int, default=5, help="deliveries before an intent is dead")
+    ob.add_argument("--kind", default=None, help="requeue: only dead intents of this kind")
+    ob.add_argument("--create-schema", action="store_true", help="relay: create the table if missing")
+    add_connection_options(ob)
+    _add_status_options(ob, port_from_env=False)
+    ob.set_defaults(fn=cmd_outbox)
+
+    rp = sub.add_parser("replay", help="re-run a scheduler over its topic from an offset or a time "
+                        "(resets its group's offsets), or --verify that a replay runs nothing new")
+    rp.add_argument("--app", required=True, help="MODULE:ATTR of a streamsched.App")
+    rp.add_argument("--scheduler", default=None, help="scheduler name (optional if the app has one)")
+    to = rp.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="from the first retained record")
+    to.add_argument("--to-offset", default=None, metavar="P:O,...", help="from these offsets (clamped)")
+    to.add_argument("--to-time", default=None, metavar="ISO8601",
+                    help="from the first record at or after this time (no offset given: UTC)")
+    rp.add_argument("--dry-run", action="store_true", help="show the reset, commit nothing")
+    rp.add_argument("--verify", action="store_true",
+                    help="read the range and report per identity whether a replay would execute "
+                         "anything; never commits")
+    rp.add_argument("--per-identity", action="store_true", help="--verify: one JSON line per identity")
+    rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="--verify: progress on stderr (default: on long ranges)")
+    add_connection_options(rp)
+    rp.set_defaults(fn=cmd_replay)
+
+    ac = sub.add_parser("acl", help="print (plan) or create (apply) the least-authority Kafka ACLs "
+                        "of an app's scheduler roles")
+    ac.add_argument("action", choices=["plan", "apply"], help="plan: print the ACLs; apply: create them")
+    ac.add_argument("--app", required=True, help="MODULE:ATTR of a streamsched.App")
+    ac.add_argument("--scheduler", default=None, help="only this scheduler (default: every one)")
+    ac.add_argument("--principal", default=None,
+                    help="User:NAME the ACLs are for (default: User:<scheduler name>)")
+    ac.add_argument("--catalog", action="append", default=None, metavar="NAME",
+                    help="a schedule catalog whose occurrences the scheduler runs: may write its "
+                         "feedback topic (repeatable)")
+    ac.add_argument("--format", choices=["table", "json"], default="table", help="plan: output format")
+    add_connection_options(ac)
+    ac.set_defaults(fn=cmd_acl)
+    return parser
