@@ -36,6 +36,9 @@ owner starts fresh.
 A fenced owner is never restarted: being fenced means another member holds the partition (or
 will, after the rebalance that follows), and restarting would fence it back. It stays in the map,
 not ready, until the revoke that removes it.
+
+Why one module above ~400 lines: the lock discipline above only holds if every mutation of
+the owners map is visible in one place; splitting owner and supervisor would hide it.
 """
 
 from __future__ import annotations

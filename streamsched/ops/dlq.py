@@ -45,6 +45,10 @@ Progress and delivery guarantee of :func:`replay`
     DLQ are not coordinated (they may both send: harmless duplicates).
 
 Nothing here prints, logs or puts into an exception the original bytes or key.
+
+Why one module above ~400 lines: listing and replay page through the same topic with the same
+decoding, safe views and progress group; the record format itself is in
+:mod:`streamsched.wire.dead_letter`.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ MB once restored (peak 206-209 MB); cold restore 4.0-4.7 s against 1.8-2.0 s for
 aiokafka read of the same partitions (ratio 0.39-0.49: the read's own CPU is about 2 s and the
 store adds about 2 s more, half in RocksDB's threads, half in 8 restore consumers and the page
 loop, on 2 cores the broker also needs); warm restart to ready 1.05-1.43 s.
+
+Why one module above ~400 lines: the trust rules (header, checkpoint, staged counting) and the
+reads/writes they guard are one invariant; the engine tuning already lives in
+:mod:`streamsched.worker.rocksenv` and the restore stream in :mod:`streamsched.worker.changelog`.
 """
 
 from __future__ import annotations

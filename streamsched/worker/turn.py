@@ -70,6 +70,12 @@ per-item histogram only repeated the same value ``len(batch)`` times.
 Size: about 500 lines, because both transaction shapes and the guards act on one batch; step 1
 lives in :mod:`streamsched.worker.selection`, the extra records in
 :mod:`streamsched.worker.records`, handler execution in :mod:`streamsched.worker.execute`.
+
+Why one module above ~400 lines: both transaction shapes share the select/resolve/execute
+steps and the exact order of writes inside a transaction; split apart, the invariants that
+make a crash at any failpoint safe (claim before effect, offset after state) would be spread
+over files that each look correct alone. Everything that is not the turn's ordering lives in
+the modules named above.
 """
 
 from __future__ import annotations
