@@ -61,7 +61,7 @@ def transition_problem(ev: TransitionEvent) -> str | None:
         return "bound: event_id"
     if not 0 < len(ev.type) <= MAX_EVENT_TYPE_LENGTH:
         return "bound: type"
-    # Byte bounds of tenant and target components belong to streamsched.identity, which
+    # Byte bounds of tenant and target components belong to streamsched.model.identity, which
     # every consumer applies; only the component count is also a wire bound.
     if len(ev.target) > MAX_TARGET_COMPONENTS:
         return "bound: target components"

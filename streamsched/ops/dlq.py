@@ -3,7 +3,7 @@
 The worker writes every record it cannot process (undecodable, out of bounds, misrouted, or a
 terminal handler failure) to the dead-letter topic inside the transaction that moves the input
 offset past it, as an Avro ``DeadLetter`` holding the original value and key byte for byte (see
-:mod:`streamsched.turn`). This module reads those records back.
+:mod:`streamsched.worker.turn`). This module reads those records back.
 
 * :func:`list_dead_letters` pages through the topic under ``read_committed`` and returns at most
   ``limit`` :class:`DeadLetterView` rows. A DLQ record that does not decode is shown as kind

@@ -254,7 +254,7 @@ class SchedulerDef:
 
     @functools.cached_property
     def resolve_identity(self) -> IdentityResolver:
-        """The business identity of an event under this scheduler (see :mod:`streamsched.identity`)."""
+        """The business identity of an event under this scheduler (see :mod:`streamsched.model.identity`)."""
         return IdentityResolver(self.name, self.topic, self.selection.name, self.attempt_kind)
 
     def identity_parts(self, event: TransitionEvent) -> IdentityParts:
