@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.model.event import TransitionEvent
+from streamsched.model.identity import business_identity
 from streamsched.ops.broker import LocalCluster
+from streamsched.testing import running_worker, wait_drained
+from streamsched.worker.app import SchedulerDef
+
+if TYPE_CHECKING:
+    from streamsched.worker.intake import Worker
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -58,3 +69,59 @@ async def make_topic(bootstrap: str, unique: Callable[[str], str]) -> AsyncItera
         return topic
 
     yield create
+
+
+# --- Recording scheduler ------------------------------------------------------------------------------
+# Kept apart from the fixtures above. Broker tests that count business effects use one scheduler
+# shape: every "due" event runs one external command, ``record``, that appends its CommandContext
+# to a list; a test then checks which idempotency keys ran and how often.
+
+
+@dataclass
+class Recording:
+    """A scheduler whose one external command, ``record``, appends its context to ``calls``."""
+
+    sched: SchedulerDef
+    calls: list[CommandContext] = field(default_factory=list)
+
+    def per_identity(self) -> collections.Counter[str]:
+        """How often each identity's effect ran."""
+        return collections.Counter(c.idempotency_key for c in self.calls)
+
+    def identities(self, events: Iterable[TransitionEvent]) -> set[str]:
+        """The identities this scheduler gives ``events``."""
+        return {business_identity(self.sched.identity_parts(e)) for e in events}
+
+    async def drain(self, bootstrap: str, *, timeout: float = 90, **config: Any) -> Worker:
+        """Run an in-process worker until its group has committed all of the scheduler's topic and
+        delay topic; return it (stopped) so the test can read its metrics."""
+        async with running_worker(self.sched, bootstrap, **config) as worker:
+            await wait_drained(bootstrap, self.sched.group, self.sched.topic, timeout=timeout)
+        return worker
+
+
+RecordingFactory = Callable[..., Recording]
+
+
+@pytest.fixture
+def recording_scheduler(unique: Callable[[str], str]) -> RecordingFactory:
+    """``recording_scheduler(topic)``: a :class:`Recording` under a unique scheduler name."""
+
+    def make(topic: str, *, prefix: str = "s") -> Recording:
+        app, name = App("recording"), unique(prefix).replace("-", "_")
+        calls: list[CommandContext] = []
+
+        @external_command()
+        async def record(ctx: CommandContext) -> str:
+            calls.append(ctx)
+            return ctx.idempotency_key
+
+        # No argument from the event: any valid one runs, an empty target too.
+        @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
+                       claim_duration_s=5)
+        async def handle(turn: Turn) -> None:
+            await turn.commands.record()
+
+        return Recording(app.schedulers[name], calls)
+
+    return make

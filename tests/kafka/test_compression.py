@@ -4,28 +4,22 @@ still cannot be decompressed stops only its partition, at that offset, named in 
 
 from __future__ import annotations
 
-import collections
-import shutil
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from java_support import requires, run_java
 
-from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.kafka.codecs import CODECS, UndecodableBatch, available, missing_codec
 from streamsched.kafka.producer import encode_event
 from streamsched.kafka.reads import read_topic
 from streamsched.kafka.writer import partition_for_key
 from streamsched.model.event import TransitionEvent
-from streamsched.model.identity import business_identity
 from streamsched.ops.broker import ensure_jars
 from streamsched.ops.status import redact_snapshot
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
-from streamsched.worker.app import SchedulerDef
 
 HERE = Path(__file__).resolve().parent
-needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="needs a JDK (java) on PATH")
+needs_java = requires("java")
 
 
 def test_this_process_decodes_every_codec() -> None:
@@ -49,8 +43,7 @@ def test_undecodable_batch_names_the_missing_codec() -> None:
 def java_produce(bootstrap: str, topic: str, lines: list[str]) -> None:
     """Produce ``CODEC PARTITION KEY_HEX VALUE_HEX`` lines with Kafka's Java client."""
     cp = f"{ensure_jars()}/*"  # the broker's own classpath: kafka-clients, lz4, snappy, zstd
-    proc = subprocess.run(["java", "-Xmx256m", "-cp", cp, str(HERE / "CodecProducer.java"), bootstrap, topic],
-                          input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120)
+    proc = run_java(HERE / "CodecProducer.java", cp, [bootstrap, topic], stdin="\n".join(lines) + "\n")
     assert proc.returncode == 0 and proc.stdout.strip() == f"produced {len(lines)}", proc.stderr[-3000:]
 
 
@@ -72,51 +65,30 @@ def homed(partition: int, partitions: int, count: int, tenant: str) -> list[Tran
     return out
 
 
-def recording_scheduler(topic: str, name: str, calls: list[CommandContext]) -> SchedulerDef:
-    app = App("compression")
-
-    @external_command()
-    async def record(ctx: CommandContext) -> str:
-        calls.append(ctx)
-        return ctx.idempotency_key
-
-    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
-                   claim_duration_s=5)
-    async def handle(turn: Turn) -> None:
-        await turn.commands.record()
-
-    return app.schedulers[name]
-
-
-def identities(sched: SchedulerDef, events: list[TransitionEvent]) -> set[str]:
-    return {business_identity(sched.identity_parts(ev)) for ev in events}
-
-
 @needs_java
 async def test_java_producer_every_codec_handled_exactly_once(bootstrap: str, make_topic,
-                                                              unique: Callable[[str], str]) -> None:
+                                                              recording_scheduler) -> None:
     partitions = 4
     topic = await make_topic("codecs", partitions=partitions)
     by_codec = {codec: [make_event("due", f"t-{codec}", [f"run-{i}"]) for i in range(6)] for codec in CODECS}
     lines = [line(codec, ev, partitions)[0] for codec, evs in by_codec.items() for ev in evs]
     java_produce(bootstrap, topic, lines)
 
-    calls: list[CommandContext] = []
-    sched = recording_scheduler(topic, unique("codecs").replace("-", "_"), calls)
-    async with running_worker(sched, bootstrap) as worker:
-        await wait_drained(bootstrap, sched.group, topic, timeout=90)
-        assert not worker.fetch.stopped and worker.metrics.last_error is None
-    per_identity = collections.Counter(c.idempotency_key for c in calls)
+    rec = recording_scheduler(topic, prefix="codecs")
+    async with running_worker(rec.sched, bootstrap) as worker:
+        await wait_drained(bootstrap, rec.sched.group, topic, timeout=90)
+        assert not worker.fetch.stopped and worker.metrics.last_error is None  # while it owns them
+    per_identity = rec.per_identity()
     for codec, evs in by_codec.items():
-        ids = identities(sched, evs)
+        ids = rec.identities(evs)
         assert {i: per_identity[i] for i in ids} == dict.fromkeys(ids, 1), codec
     assert sum(per_identity.values()) == sum(len(evs) for evs in by_codec.values())
-    assert await read_topic(bootstrap, sched.dead_letter_topic) == []
+    assert await read_topic(bootstrap, rec.sched.dead_letter_topic) == []
 
 
 @needs_java
 async def test_missing_codec_stops_only_its_partition_at_that_offset(
-        bootstrap: str, make_topic, unique: Callable[[str], str], monkeypatch: pytest.MonkeyPatch) -> None:
+        bootstrap: str, make_topic, recording_scheduler, monkeypatch: pytest.MonkeyPatch) -> None:
     import aiokafka.codec
 
     partitions = 2
@@ -128,8 +100,8 @@ async def test_missing_codec_stops_only_its_partition_at_that_offset(
     java_produce(bootstrap, topic, [line("none", ev, partitions)[0] for ev in plain0 + plain1]
                  + [line("lz4", ev, partitions)[0] for ev in lz4])
 
-    calls: list[CommandContext] = []
-    sched = recording_scheduler(topic, unique("nolz4").replace("-", "_"), calls)
+    rec = recording_scheduler(topic, prefix="nolz4")
+    sched, calls = rec.sched, rec.calls
     from aiokafka import TopicPartition
 
     stuck = TopicPartition(topic, 0)
@@ -141,7 +113,7 @@ async def test_missing_codec_stops_only_its_partition_at_that_offset(
         await wait_for(stopped, timeout=60, what="partition 0 to stop at the lz4 batch")
         done = {c.idempotency_key for c in calls}
         # Everything decodable ran, partition 0's records ahead of the batch too; nothing of it.
-        assert done == identities(sched, plain0 + plain1)
+        assert done == rec.identities(plain0 + plain1)
         err = worker.fetch.stopped[stuck]
         assert (err.codec, err.offset) == ("lz4", 3) and "lz4" in str(err) and "\n" not in str(err)
         status = redact_snapshot(worker.metrics.snapshot())  # what /status serves
@@ -156,18 +128,16 @@ async def test_missing_codec_stops_only_its_partition_at_that_offset(
         await produce_events(bootstrap, topic, later)
 
         async def later_ran() -> bool:
-            return identities(sched, later) <= {c.idempotency_key for c in calls}
+            return rec.identities(later) <= {c.idempotency_key for c in calls}
 
         await wait_for(later_ran, timeout=60, what="partition 1 to go on")
         assert stuck in worker.fetch.stopped
-        assert not identities(sched, lz4) & {c.idempotency_key for c in calls}
+        assert not rec.identities(lz4) & {c.idempotency_key for c in calls}
 
     # With the codec back, a new worker resumes partition 0 at the lz4 batch: each event once.
     monkeypatch.undo()
     async with running_worker(sched, bootstrap) as worker:
         await wait_drained(bootstrap, sched.group, topic, timeout=90)
         assert not worker.fetch.stopped
-    per_identity = collections.Counter(c.idempotency_key for c in calls)
-    everything = identities(sched, plain0 + plain1 + lz4 + later)
-    assert set(per_identity) == everything and set(per_identity.values()) == {1}
+    assert rec.per_identity() == dict.fromkeys(rec.identities(plain0 + plain1 + lz4 + later), 1)
     assert await read_topic(bootstrap, sched.dead_letter_topic) == []

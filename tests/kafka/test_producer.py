@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import pytest
 
-from streamsched import App, CommandContext, Producer, RecordMetadata, Selection, Turn, external_command
+from streamsched import Producer, RecordMetadata
 from streamsched.errors import BoundExceeded, ConfigError, DecodeError, ReservedName
 from streamsched.kafka.producer import ProducerNotStarted
 from streamsched.kafka.reads import read_topic
 from streamsched.kafka.writer import partition_for_key
-from streamsched.model.identity import business_identity, route_key
-from streamsched.testing import make_event, running_worker, wait_drained
+from streamsched.model.identity import route_key
+from streamsched.testing import make_event
 from streamsched.wire.transition import decode_transition, encode_transition
-from streamsched.worker.app import SchedulerDef
 
 
 def by_position(records: list[Any]) -> dict[tuple[int, int], Any]:
@@ -99,26 +97,10 @@ async def test_lifecycle_and_locked_options(bootstrap: str, make_topic) -> None:
     assert len(await read_topic(bootstrap, topic)) == 1
 
 
-def recording_scheduler(topic: str, name: str, calls: list[CommandContext]) -> SchedulerDef:
-    app = App("producer-test")
-
-    @external_command()
-    async def record(ctx: CommandContext, *, target: str) -> str:
-        calls.append(ctx)
-        return target
-
-    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
-                   claim_duration_s=5)
-    async def handle(turn: Turn) -> None:
-        await turn.commands.record(target=turn.event.target[0])
-
-    return app.schedulers[name]
-
-
-async def test_a_worker_executes_produced_events_once(bootstrap: str, make_topic, unique) -> None:
+async def test_a_worker_executes_produced_events_once(bootstrap: str, make_topic,
+                                                      recording_scheduler) -> None:
     topic = await make_topic("w", partitions=4)
-    calls: list[CommandContext] = []
-    sched = recording_scheduler(topic, unique("s").replace("-", "_"), calls)
+    rec = recording_scheduler(topic)
     events = [make_event("due", f"tenant-{i % 2}", [f"job-{i}"], due_ns=i) for i in range(20)]
     # Duplicates (new event ids, same identity) through both entry points.
     dupes = [make_event(e.type, e.tenant, e.target, due_ns=e.due_ns) for e in events[:8]]
@@ -126,11 +108,8 @@ async def test_a_worker_executes_produced_events_once(bootstrap: str, make_topic
         await p.send_many(topic, events)
         for ev in dupes:
             await p.send(topic, ev)
-    async with running_worker(sched, bootstrap) as worker:
-        await wait_drained(bootstrap, sched.group, topic, timeout=90)
-    per_identity = collections.Counter(c.idempotency_key for c in calls)
-    assert set(per_identity) == {business_identity(sched.identity_parts(e)) for e in events}
-    assert set(per_identity.values()) == {1}
+    worker = await rec.drain(bootstrap)
+    assert rec.per_identity() == dict.fromkeys(rec.identities(events), 1)
     # Every record arrived on its home partition with its route key: nothing forwarded or dead.
     assert not worker.metrics.counters.get("forwarded")
-    assert await read_topic(bootstrap, sched.dead_letter_topic) == []
+    assert await read_topic(bootstrap, rec.sched.dead_letter_topic) == []

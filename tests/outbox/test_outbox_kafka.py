@@ -13,34 +13,14 @@ from typing import Any
 import pytest
 from outbox_support import Backend, enqueue, prepare, service_tx
 
-from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.kafka.reads import read_topic
 from streamsched.kafka.writer import partition_for_key
-from streamsched.model.event import TransitionEvent
-from streamsched.model.identity import business_identity, route_key
+from streamsched.model.identity import route_key
 from streamsched.outbox import FAILPOINT_AFTER_SEND, Outbox
 from streamsched.testing import WorkerProcess, make_event, running_worker, wait_drained, wait_for
 from streamsched.wire.transition import decode_transition
-from streamsched.worker.app import SchedulerDef
 
 pytestmark = pytest.mark.kafka
-
-
-def counting_app(topic: str, name: str, calls: list[CommandContext]) -> SchedulerDef:
-    """A scheduler whose external command records every execution (the business effect)."""
-    app = App("outbox")
-
-    @external_command()
-    async def invoice(ctx: CommandContext, *, target: str) -> str:
-        calls.append(ctx)
-        return target
-
-    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[invoice],
-                   claim_duration_s=5)
-    async def handle(turn: Turn) -> None:
-        await turn.commands.invoice(target=turn.event.target[0])
-
-    return app.schedulers[name]
 
 
 async def drained(outbox: Outbox) -> bool:
@@ -48,28 +28,23 @@ async def drained(outbox: Outbox) -> bool:
     return c.pending + c.leased == 0
 
 
-def identities(sched: SchedulerDef, events: list[TransitionEvent]) -> list[str]:
-    return sorted(business_identity(sched.identity_parts(e)) for e in events)
-
-
 async def test_relay_publishes_and_the_scheduler_runs_each_effect_once(
-        backend: Backend, table: str, bootstrap: str, make_topic: Any, unique: Any) -> None:
+        backend: Backend, table: str, bootstrap: str, make_topic: Any, recording_scheduler: Any) -> None:
     topic = await make_topic("outbox", partitions=2)
-    calls: list[CommandContext] = []
-    sched = counting_app(topic, unique("s").replace("-", "_"), calls)
+    rec = recording_scheduler(topic)
     events = [make_event("due", "acme", [f"inv-{i}"], due_ns=i, payload={"n": i}) for i in range(6)]
     outbox = prepare(backend, table, batch_size=4)
     enqueue(backend, outbox, events, topic=topic)
     enqueue(backend, outbox, events[:2], topic=topic)  # the service enqueued two of them twice
     stop = asyncio.Event()
-    async with outbox, running_worker(sched, bootstrap):
+    async with outbox, running_worker(rec.sched, bootstrap):
         relay = asyncio.create_task(outbox.relay("relay-1", stop, kafka=bootstrap))
         try:
             await wait_for(lambda: drained(outbox), timeout=60, what="the relay to publish every intent")
         finally:
             stop.set()
             await asyncio.wait_for(relay, 30)
-        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+        await wait_drained(bootstrap, rec.sched.group, topic, timeout=60)
 
     records = await read_topic(bootstrap, topic)
     assert Counter(decode_transition(r.value).event_id for r in records) == Counter(
@@ -78,16 +53,16 @@ async def test_relay_publishes_and_the_scheduler_runs_each_effect_once(
         ev = decode_transition(r.value)
         assert r.key == route_key(ev.tenant, ev.target)
         assert r.partition == partition_for_key(r.key, 2)
-    assert sorted(c.idempotency_key for c in calls) == identities(sched, events)
+    assert rec.per_identity() == dict.fromkeys(rec.identities(events), 1)
     assert outbox.metrics.counters["outbox_delivered"] == 8
 
 
 @pytest.mark.crash
 async def test_relay_killed_after_send_redelivers_and_the_effect_runs_once(
-        backend: Backend, table: str, bootstrap: str, make_topic: Any, unique: Any, tmp_path: Path) -> None:
+        backend: Backend, table: str, bootstrap: str, make_topic: Any, recording_scheduler: Any,
+        tmp_path: Path) -> None:
     topic = await make_topic("outbox-crash", partitions=2)
-    calls: list[CommandContext] = []
-    sched = counting_app(topic, unique("s").replace("-", "_"), calls)
+    rec = recording_scheduler(topic)
     events = [make_event("due", "acme", [f"inv-{i}"], due_ns=i) for i in range(3)]
     outbox = prepare(backend, table)
     enqueue(backend, outbox, events, topic=topic)
@@ -101,7 +76,7 @@ async def test_relay_killed_after_send_redelivers_and_the_effect_runs_once(
                "--batch-size", "1", "--lease-s", "2", "--worker-id", worker]
         return WorkerProcess("", bootstrap, command=cmd, env=env, log_path=tmp_path / f"{worker}.log").start()
 
-    async with outbox, running_worker(sched, bootstrap):
+    async with outbox, running_worker(rec.sched, bootstrap):
         # The first relay acks one intent, then dies after sending the second, before its ack.
         first = relay("relay-1", STREAMSCHED_FAILPOINT=f"{FAILPOINT_AFTER_SEND}:2")
         assert await first.wait_exit(60) == -signal.SIGKILL, (tmp_path / "relay-1.log").read_text()
@@ -115,9 +90,9 @@ async def test_relay_killed_after_send_redelivers_and_the_effect_runs_once(
             await wait_for(lambda: drained(outbox), timeout=60, what="the restarted relay to redeliver")
         finally:
             assert second.terminate() == 0
-        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+        await wait_drained(bootstrap, rec.sched.group, topic, timeout=60)
 
     published = Counter(decode_transition(r.value).event_id for r in await read_topic(bootstrap, topic))
     assert published == Counter([e.event_id for e in events] + [sent[1]])  # one delivered twice
     assert rolled_back.event_id not in published
-    assert sorted(c.idempotency_key for c in calls) == identities(sched, events)  # one effect each
+    assert rec.per_identity() == dict.fromkeys(rec.identities(events), 1)  # one effect each

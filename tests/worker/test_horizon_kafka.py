@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import read_topic
@@ -25,7 +24,6 @@ from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
 from streamsched.wire.claim import decode_claim, encode_claim
-from streamsched.worker.app import SchedulerDef
 from streamsched.worker.claimstore import open_store
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.store import FLOOR_IDENTITY
@@ -103,27 +101,11 @@ async def test_store_restores_cold_then_only_the_tail_and_detects_a_recreated_to
         env.close()
 
 
-def counting_app(topic: str, name: str, calls: list[CommandContext]) -> SchedulerDef:
-    app = App("h")
-
-    @external_command()
-    async def record(ctx: CommandContext, *, target: str) -> str:
-        calls.append(ctx)
-        return target
-
-    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
-                   claim_duration_s=5)
-    async def handle(turn: Turn) -> None:
-        await turn.commands.record(target=turn.event.target[0])
-
-    return app.schedulers[name]
-
-
 async def test_horizon_tombstones_old_outcomes_and_a_replay_runs_again_with_a_higher_fence(
-        bootstrap: str, make_topic: Any, unique: Any, tmp_path: Path) -> None:
+        bootstrap: str, make_topic: Any, recording_scheduler: Any, tmp_path: Path) -> None:
     topic = await make_topic("h", partitions=1)
-    calls: list[CommandContext] = []
-    sched = counting_app(topic, unique("h").replace("-", "_"), calls)
+    rec = recording_scheduler(topic, prefix="h")
+    sched, calls = rec.sched, rec.calls
     old, young, fresh = (make_event("due", "t", [name], due_ns=1) for name in ("old", "young", "fresh"))
     ident = {name: sched.resolve_identity(ev.due_ns, ev.tenant, ev.target)
              for name, ev in (("old", old), ("young", young), ("fresh", fresh))}

@@ -7,7 +7,6 @@ import pytest
 from streamsched import App, CommandContext, Emit, Selection, Turn, external_command, kafka_command
 from streamsched.kafka.reads import read_topic
 from streamsched.model.claims import ClaimState, ClaimStatus
-from streamsched.model.identity import business_identity
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained
 from streamsched.wire.avro import AvroCodec
 from streamsched.wire.claim import CLAIM_CODEC
@@ -21,22 +20,6 @@ SECRET = "tenant-secret-4f1c"
 running = running_worker
 
 
-def external_app(topic: str, name: str, calls: list[CommandContext]) -> SchedulerDef:
-    app = App("t")
-
-    @external_command()
-    async def record(ctx: CommandContext, *, target: str) -> str:
-        calls.append(ctx)
-        return target
-
-    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
-                   claim_duration_s=5)
-    async def handle(turn: Turn) -> None:
-        await turn.commands.record(target=turn.event.target[0])
-
-    return app.schedulers[name]
-
-
 async def states(bootstrap: str, sched: SchedulerDef) -> dict[str, list[ClaimState]]:
     out: dict[str, list[ClaimState]] = {}
     for rec in await read_topic(bootstrap, sched.state_topic):
@@ -47,10 +30,10 @@ async def states(bootstrap: str, sched: SchedulerDef) -> dict[str, list[ClaimSta
     return out
 
 
-async def test_selection_duplicates_and_dead_letters(bootstrap: str, make_topic, unique) -> None:
+async def test_selection_duplicates_and_dead_letters(bootstrap: str, make_topic, recording_scheduler) -> None:
     topic = await make_topic("w", partitions=2)
-    calls: list[CommandContext] = []
-    sched = external_app(topic, unique("s").replace("-", "_"), calls)
+    rec = recording_scheduler(topic)
+    sched, calls = rec.sched, rec.calls
     good = [make_event("due", SECRET, [f"r{i}"], due_ns=i) for i in range(10)]
     dupes = [make_event("due", SECRET, [f"r{i}"], due_ns=i) for i in range(5)]
     noise = [make_event("other", SECRET, ["x"])]
@@ -58,11 +41,9 @@ async def test_selection_duplicates_and_dead_letters(bootstrap: str, make_topic,
     garbage = [(b"k1", b"\x00not avro" + SECRET.encode()), (b"k2", None)]
     await produce_events(bootstrap, topic, good + dupes + noise,
                          raw=[*garbage, (b"wrong-key", encode_transition(misrouted))])
-    async with running(sched, bootstrap):
-        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+    await rec.drain(bootstrap, timeout=60)
 
-    assert sorted(c.idempotency_key for c in calls) == sorted(
-        business_identity(sched.identity_parts(e)) for e in good)
+    assert rec.per_identity() == dict.fromkeys(rec.identities(good), 1)
     assert all(c.fence >= 1 and c.ordinal >= 1 and c.scheduler == sched.name for c in calls)
     dead = await read_topic(bootstrap, sched.dead_letter_topic)
     kinds = sorted(dict(r.headers)["ss-kind"].decode() for r in dead)
@@ -77,20 +58,19 @@ async def test_selection_duplicates_and_dead_letters(bootstrap: str, make_topic,
     assert all(h[-1].status is ClaimStatus.RELEASED and h[-1].outcome is not None for h in history.values())
 
 
-async def test_restart_skips_stored_outcomes_with_fresh_fences(bootstrap: str, make_topic, unique) -> None:
+async def test_restart_skips_stored_outcomes_with_fresh_fences(bootstrap: str, make_topic,
+                                                               recording_scheduler) -> None:
     topic = await make_topic("r", partitions=2)
-    calls: list[CommandContext] = []
-    sched = external_app(topic, unique("s").replace("-", "_"), calls)
+    rec = recording_scheduler(topic)
+    sched = rec.sched
     events = [make_event("due", "t", [f"r{i}"]) for i in range(6)]
     await produce_events(bootstrap, topic, events)
-    async with running(sched, bootstrap):
-        await wait_drained(bootstrap, sched.group, topic, timeout=60)
-    assert len(calls) == 6
+    await rec.drain(bootstrap, timeout=60)
+    assert len(rec.calls) == 6
     # A replay of the same events reaches a fresh worker (new owner): no new effects.
     await produce_events(bootstrap, topic, [make_event(e.type, e.tenant, e.target) for e in events])
-    async with running(sched, bootstrap) as second:
-        await wait_drained(bootstrap, sched.group, topic, timeout=60)
-    assert len(calls) == 6
+    second = await rec.drain(bootstrap, timeout=60)
+    assert len(rec.calls) == 6
     assert second.metrics.counters.get("skipped_outcome") == 6
     for history in (await states(bootstrap, sched)).values():
         fences = [s.fence for s in history if s.status is ClaimStatus.CLAIMED]
