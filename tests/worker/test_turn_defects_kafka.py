@@ -47,21 +47,6 @@ pytestmark = pytest.mark.kafka
 HERE = Path(__file__).resolve().parent
 
 
-def recording_scheduler(topic: str, name: str, calls: list[CommandContext]) -> SchedulerDef:
-    app = App("t")
-
-    @external_command()
-    async def record(ctx: CommandContext) -> None:
-        calls.append(ctx)
-
-    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
-                   claim_duration_s=5)
-    async def handle(turn: Turn) -> None:
-        await turn.commands.record()
-
-    return app.schedulers[name]
-
-
 def sched_name(unique: Callable[[str], str]) -> str:
     return unique("s").replace("-", "_")
 
@@ -98,10 +83,11 @@ async def scheduler_topics(bootstrap: str, sched: SchedulerDef, partitions: int)
 
 
 async def test_malformed_origin_is_dead_lettered_and_the_partition_moves_on(bootstrap: str, make_topic,
-                                                                             unique) -> None:
+                                                                             unique,
+        recording_scheduler) -> None:
     topic = await make_topic("o", partitions=1)
-    calls: list[CommandContext] = []
-    sched = recording_scheduler(topic, sched_name(unique), calls)
+    rec = recording_scheduler(topic)
+    sched, calls = rec.sched, rec.calls
     bad = dataclasses.replace(make_event("due", "t", ["bad"]), origin="sched:bad catalog!:job:1:1")
     raw = AvroCodec("transition").encode(bad.to_record())  # a foreign producer: no encode check
     good = [make_event("due", "t", [f"ok-{i}"]) for i in range(5)]
@@ -126,10 +112,11 @@ def _exhausted(identity: str, ordinal: int) -> bytes:
 
 
 async def test_item_past_the_attempt_bound_fails_and_corrupt_state_is_exported(bootstrap: str, make_topic,
-                                                                                unique) -> None:
+                                                                                unique,
+        recording_scheduler) -> None:
     topic = await make_topic("x", partitions=1)
-    calls: list[CommandContext] = []
-    sched = recording_scheduler(topic, sched_name(unique), calls)
+    rec = recording_scheduler(topic)
+    sched, calls = rec.sched, rec.calls
     await scheduler_topics(bootstrap, sched, 1)
     doomed, fine = make_event("due", "t", ["doomed"]), make_event("due", "t", ["fine"])
     identity = sched.resolve_identity(doomed.due_ns, doomed.tenant, doomed.target)
@@ -209,12 +196,13 @@ async def test_crash_looping_item_is_dead_lettered_after_the_last_attempt(bootst
 
 
 async def test_feedback_topics_are_looked_up_once(bootstrap: str, make_topic, unique,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                                  monkeypatch: pytest.MonkeyPatch,
+        recording_scheduler) -> None:
     topic = await make_topic("g", partitions=1)
     catalog = unique("cat")
     feedback = await make_topic(name=internal_topic("schedules", catalog, "feedback"), kind="output")
-    calls: list[CommandContext] = []
-    sched = recording_scheduler(topic, sched_name(unique), calls)
+    rec = recording_scheduler(topic)
+    sched, calls = rec.sched, rec.calls
     real_admin = clients.admin
     from_turn: list[str] = []
 
@@ -265,10 +253,11 @@ def produce_with_librdkafka(bootstrap: str, topic: str, events: list[TransitionE
     return landed
 
 
-async def test_both_partitioners_one_effect_per_identity(bootstrap: str, make_topic, unique) -> None:
+async def test_both_partitioners_one_effect_per_identity(bootstrap: str, make_topic, unique,
+        recording_scheduler) -> None:
     topic = await make_topic("k", partitions=8)
-    calls: list[CommandContext] = []
-    sched = recording_scheduler(topic, sched_name(unique), calls)
+    rec = recording_scheduler(topic)
+    sched, calls = rec.sched, rec.calls
     events = [make_event("due", f"tenant-{i % 3}", [f"item-{i}"], due_ns=i) for i in range(24)]
     await produce_events(bootstrap, topic, events)  # aiokafka: murmur2, the home partitions
     landed = await asyncio.to_thread(produce_with_librdkafka, bootstrap, topic, events)
