@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,27 @@ def build_events(wf: Workflow, unique: int, duplicates: int, *, noise: int = 0,
 
 async def produce(bootstrap: str, wf: Workflow, events: list[TransitionEvent]) -> None:
     await produce_events(bootstrap, wf.topic, events)
+
+
+FAST_FAILOVER_ENV = {
+    "STREAMSCHED_CLAIM_DURATION_S": "5",
+    "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
+    "STREAMSCHED_HEARTBEAT_MS": "500",
+}
+"""Worker settings for tests that kill or pause a worker: short leases and sessions, so the
+survivor takes over within seconds."""
+
+
+async def seeded_workflow(bootstrap: str, kind: str, tag: str, ledger_dir: Path, *, partitions: int,
+                          unique: int, duplicates: int,
+                          noise: int = 0) -> tuple[Workflow, list[TransitionEvent]]:
+    """A fresh workflow (unique namespace, its ledger in ``ledger_dir``) with its topics created
+    and :func:`build_events` produced to it."""
+    wf = Workflow(kind, f".{tag}-{uuid.uuid4().hex[:8]}", ledger_dir / "ledger.sqlite3")
+    await create_topics(bootstrap, wf, partitions=partitions)
+    events = build_events(wf, unique=unique, duplicates=duplicates, noise=noise)
+    await produce(bootstrap, wf, events)
+    return wf, events
 
 
 async def effects(bootstrap: str, wf: Workflow) -> Counter[str]:

@@ -41,3 +41,50 @@ def internal_topic(*parts: str) -> str:
     for p in parts:
         validate_name(p, "topic")
     return validate_name(".".join((RESERVED_PREFIX, *parts)), "topic", internal=True)
+
+
+# --- transactional ids ---------------------------------------------------------------------------
+
+TXN_SEPARATOR = ":"
+"""Joins the parts of a transactional id. No name of this grammar contains it, so an id splits
+back into its parts in exactly one way: distinct owners never share an id (they would fence each
+other), and the PREFIXED ACL of one owner never matches another's ids."""
+
+TXN_ROLES: dict[str, tuple[str, ...]] = {
+    "scheduler": ("group", "topic"),  # one fenced producer per partition of a scheduler's topic
+    "ticker": ("catalog",),  # one per partition of a schedule catalog's definitions topic
+}
+"""The parts of each role's transactional ids. A fixed number per role is what keeps prefixes
+apart: with a variable count, ``scheduler:a:`` would be a prefix of ``scheduler:a:b:0``."""
+
+
+def _txn_part(value: object, kind: str) -> str:
+    # The character rule only, not MAX_NAME_LENGTH: a default group (``streamsched.<name>``) may
+    # be longer than a name, and ids have no length bound that matters here.
+    if not isinstance(value, str) or not value or not _NAME.fullmatch(value):
+        raise InvalidName(kind, "only ASCII letters, digits, '.', '_' and '-' are allowed "
+                                "(it is part of a transactional id)")
+    return value
+
+
+def transactional_prefix(role: str, *parts: str) -> str:
+    """The prefix every transactional id of one ``role`` owner starts with, and no other owner's
+    does: ``streamsched:scheduler:<group>:<topic>:`` or ``streamsched:ticker:<catalog>:``.
+
+    The ACL of the owner's principal is this prefix, PREFIXED, so it covers partitions added later.
+    """
+    kinds = TXN_ROLES.get(role)
+    if kinds is None:
+        raise InvalidName("transactional id role", f"expected one of {', '.join(sorted(TXN_ROLES))}")
+    if len(parts) != len(kinds):
+        raise InvalidName("transactional id", f"a {role} id has exactly the parts {', '.join(kinds)}")
+    checked = [_txn_part(v, k) for v, k in zip(parts, kinds, strict=True)]
+    return TXN_SEPARATOR.join(("streamsched", role, *checked, ""))
+
+
+def transactional_id(role: str, *parts: str, partition: int) -> str:
+    """The transactional id of the fenced producer owning ``partition`` for one ``role`` owner
+    (see :func:`transactional_prefix`), e.g. ``streamsched:scheduler:streamsched.x:orders:3``."""
+    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+        raise InvalidName("transactional id", "the partition is a non-negative integer")
+    return f"{transactional_prefix(role, *parts)}{partition}"

@@ -1,6 +1,7 @@
-"""Least-authority Kafka ACLs of a scheduler role (SPEC §4), planned from the app and applied.
+"""Least-authority Kafka ACLs of each role (SPEC §4), planned and applied: schedulers, tickers and
+service producers. ``P`` is the role's principal; every entry is ALLOW from any host.
 
-A scheduler's worker needs exactly (``P`` its principal, every entry ALLOW from any host)::
+A **scheduler**'s worker (:func:`plan_scheduler`, ``acl plan --app MOD:ATTR``)::
 
     TOPIC  <transition topic>          READ, WRITE, DESCRIBE  consume; WRITE forwards a record
                                                               that landed on the wrong partition
@@ -10,33 +11,65 @@ A scheduler's worker needs exactly (``P`` its principal, every entry ALLOW from 
     TOPIC  <each declared output>      WRITE, DESCRIBE        what its Kafka-native commands emit
     GROUP  <its group>                 READ                   join, fetch and commit offsets
     TRANSACTIONAL_ID (prefixed)
-           streamsched.<group>.<topic>.  WRITE, DESCRIBE      one fenced producer per partition
+           streamsched:scheduler:<group>:<topic>:  WRITE, DESCRIBE   one fenced producer per partition
     TOPIC  __streamsched.schedules.<c>.feedback  WRITE, DESCRIBE   only with --catalog c
 
-Nothing else: no CREATE (run workers with ``--no-create-topics``; an operator applies topics),
-no ALTER, no other scheduler's topics, groups or transactional ids. No ``IdempotentWrite`` on the
-cluster: since Kafka 2.8 (KIP-679) a producer holding WRITE on any topic may initialise an
-idempotent producer, and the transactional producers are authorised by their transactional id.
+A **ticker** of catalog ``c`` (:func:`plan_ticker`, ``acl plan --role ticker --catalog c
+--target T``)::
 
-The transactional-id prefix is the narrowest one covering every partition's id
-(``streamsched.<group>.<topic>.<p>``, see :mod:`streamsched.worker.intake`), so the ACLs stay
-right when partitions are added.
+    TOPIC  __streamsched.schedules.<c>.definitions  READ, DESCRIBE            restore, follow
+    TOPIC  __streamsched.schedules.<c>.state        READ, WRITE, DESCRIBE     restore; advance
+    TOPIC  __streamsched.schedules.<c>.history      WRITE, DESCRIBE           history rows
+    TOPIC  __streamsched.schedules.<c>.feedback     READ, DESCRIBE            attempt results
+    TOPIC  each of the four above                   DESCRIBE_CONFIGS          verified at start
+    TOPIC  <each --target>             WRITE, DESCRIBE        the occurrences it fires
+    GROUP  streamsched.schedules.<c>   READ                   its group; feedback offsets
+    TRANSACTIONAL_ID (prefixed)  streamsched:ticker:<c>:  WRITE, DESCRIBE
+
+Which topics a ticker fires into is runtime data (each schedule's target, written by whoever may
+write the catalog), so the plan takes them explicitly: the ``--target`` topics (and, with
+``--app``, the transition topics of that app's schedulers). A catalog writer cannot make the
+ticker write anywhere else: the broker refuses the write of a schedule whose target is not among
+them, and nothing of that transaction is written. That also stalls the schedule's catalog
+partition (its owner fails with TopicAuthorizationFailedError and restarts with backoff; the
+partition's other schedules wait with it) until the target is granted or the schedule changed.
+DESCRIBE_CONFIGS (read-only) is there because the ticker verifies its catalog topics' settings
+at start (``Catalog.ensure_topics``); without CREATE it never creates them.
+
+A **service producer** (:class:`streamsched.Producer`, the outbox relay; :func:`plan_producer`,
+``acl plan --role producer --topic T``): WRITE, DESCRIBE on each transition topic it produces
+to. Nothing else: no READ, no group, no transactional id.
+
+No role gets CREATE (run workers with ``--no-create-topics``; an operator applies topics), ALTER,
+another role's topics, groups or transactional ids, or ``IdempotentWrite`` on the cluster: since
+Kafka 2.8 (KIP-679) a producer holding WRITE on any topic may initialise an idempotent producer
+(``tests/security`` proves it for each role), and transactional producers are authorised by
+their transactional id.
+
+The transactional-id prefix (:func:`streamsched.model.names.transactional_prefix`) is the
+narrowest one covering every partition's id, so the ACLs stay right when partitions are added;
+its separator is outside the name grammar, so it never covers another owner's ids.
 
 ``apply`` sends CreateAcls (and ``describe`` DescribeAcls) through aiokafka's admin client, whose
-0.14 protocol module has the requests but no public method for them.
+0.14 protocol module has the requests but no public method for them. :func:`add_acl_arguments`
+and :func:`run_acl` are the ``streamsched acl`` command.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamsched.errors import ConfigError, StreamschedError
-from streamsched.kafka import clients
-from streamsched.model.names import internal_topic, validate_name
-from streamsched.worker.app import App, SchedulerDef
+from streamsched.model.names import internal_topic, transactional_prefix, validate_name
+
+if TYPE_CHECKING:  # the CLI's parser imports this module: Kafka, Avro and the app model stay lazy
+    from streamsched.kafka import clients
+    from streamsched.worker.app import App, SchedulerDef
 
 RESOURCE_TYPES = {"ANY": 1, "TOPIC": 2, "GROUP": 3, "CLUSTER": 4, "TRANSACTIONAL_ID": 5}
 PATTERN_TYPES = {"ANY": 1, "MATCH": 2, "LITERAL": 3, "PREFIXED": 4}
@@ -86,19 +119,24 @@ def principal_of(text: str) -> str:
     return f"{kind}:{name}"
 
 
-def transactional_prefix(s: SchedulerDef) -> str:
-    """The prefix every transactional id of ``s``'s partition owners starts with."""
-    return f"streamsched.{s.group}.{s.topic}."
+class _Plan:
+    """The ALLOW bindings of one principal, collected (duplicates fold) and sorted."""
+
+    def __init__(self, principal: str) -> None:
+        self.principal = principal_of(principal)
+        self.acls: set[Acl] = set()
+
+    def add(self, rtype: str, name: str, ops: Iterable[str], why: str, pattern: str = "LITERAL") -> None:
+        self.acls.update(Acl(rtype, pattern, name, op, self.principal, why=why) for op in ops)
+
+    def done(self) -> list[Acl]:
+        return sorted(self.acls)
 
 
 def plan_scheduler(s: SchedulerDef, principal: str, *, catalogs: Iterable[str] = ()) -> list[Acl]:
     """The exact ACLs the worker of scheduler ``s`` needs (module docs), sorted."""
-    p = principal_of(principal)
-    out: list[Acl] = []
-
-    def add(rtype: str, name: str, ops: Iterable[str], why: str, pattern: str = "LITERAL") -> None:
-        out.extend(Acl(rtype, pattern, name, op, p, why=why) for op in ops)
-
+    plan = _Plan(principal)
+    add = plan.add
     add("TOPIC", s.topic, ("READ", "WRITE", "DESCRIBE"),
         "transition topic: consume; forward misrouted records")
     add("TOPIC", s.delay_topic, ("READ", "WRITE", "DESCRIBE"), "delay topic: park retries and read them back")
@@ -110,9 +148,9 @@ def plan_scheduler(s: SchedulerDef, principal: str, *, catalogs: Iterable[str] =
         add("TOPIC", internal_topic("schedules", validate_name(catalog, "catalog"), "feedback"),
             ("WRITE", "DESCRIBE"), f"attempt results of schedule catalog {catalog}")
     add("GROUP", s.group, ("READ",), "consumer group: join, fetch and commit offsets")
-    add("TRANSACTIONAL_ID", transactional_prefix(s), ("WRITE", "DESCRIBE"),
+    add("TRANSACTIONAL_ID", transactional_prefix("scheduler", s.group, s.topic), ("WRITE", "DESCRIBE"),
         "fenced transactional producer of each partition", pattern="PREFIXED")
-    return sorted(set(out))
+    return plan.done()
 
 
 def plan_app(app: App, *, principal: str | None = None, scheduler: str | None = None,
@@ -126,6 +164,44 @@ def plan_app(app: App, *, principal: str | None = None, scheduler: str | None = 
     for name in names:
         acls.update(plan_scheduler(app.schedulers[name], principal or f"User:{name}", catalogs=catalogs))
     return sorted(acls)
+
+
+def plan_ticker(catalog: str, targets: Iterable[str], principal: str) -> list[Acl]:
+    """The exact ACLs of a ticker of ``catalog`` that may fire into ``targets`` (module docs)."""
+    targets = sorted(set(targets))
+    if not targets:
+        raise ConfigError("a ticker role needs the topics it may fire into (--target TOPIC or --app)")
+    from streamsched.schedules.catalog import Catalog
+
+    cat = Catalog("", catalog)  # validates the name; only its topic and group names are used
+    plan = _Plan(principal)
+    add = plan.add
+    add("TOPIC", cat.definitions_topic, ("READ", "DESCRIBE"), "schedule definitions: restore and follow")
+    add("TOPIC", cat.state_topic, ("READ", "WRITE", "DESCRIBE"), "schedule states: restore; advance")
+    add("TOPIC", cat.history_topic, ("WRITE", "DESCRIBE"), "history rows of fired occurrences")
+    add("TOPIC", cat.feedback_topic, ("READ", "DESCRIBE"), "attempt results from target workers")
+    for topic in (cat.definitions_topic, cat.state_topic, cat.history_topic, cat.feedback_topic):
+        add("TOPIC", topic, ("DESCRIBE_CONFIGS",), "catalog topic settings verified at start")
+    for topic in targets:
+        add("TOPIC", validate_name(topic, "topic"), ("WRITE", "DESCRIBE"), "target: occurrences it fires")
+    add("GROUP", cat.group, ("READ",), "ticker group: join; commit feedback offsets")
+    add("TRANSACTIONAL_ID", transactional_prefix("ticker", cat.name), ("WRITE", "DESCRIBE"),
+        "fenced transactional producer of each catalog partition", pattern="PREFIXED")
+    return plan.done()
+
+
+def plan_producer(topics: Iterable[str], principal: str) -> list[Acl]:
+    """The exact ACLs of a service producing transition events to ``topics`` with
+    :class:`streamsched.Producer` or the outbox relay: WRITE and DESCRIBE (partition count) on
+    each, nothing else (an idempotent producer needs no cluster permission, module docs)."""
+    topics = sorted(set(topics))
+    if not topics:
+        raise ConfigError("a producer role needs the topics it produces to (--topic TOPIC or --app)")
+    plan = _Plan(principal)
+    for topic in topics:
+        plan.add("TOPIC", validate_name(topic, "topic"), ("WRITE", "DESCRIBE"),
+                 "transition topic it produces events to")
+    return plan.done()
 
 
 def format_plan(acls: list[Acl], *, as_json: bool = False) -> str:
@@ -146,6 +222,8 @@ async def apply(conn: clients.Conn, acls: Iterable[Acl]) -> int:
     Needs a principal allowed to ALTER the cluster (the local broker's ``admin``)."""
     from aiokafka.errors import for_code
     from aiokafka.protocol.admin import CreateAclsRequest
+
+    from streamsched.kafka import clients
 
     acls = sorted(set(acls))
     admin = clients.admin(conn)
@@ -169,6 +247,8 @@ async def describe(conn: clients.Conn, principal: str | None = None) -> list[Acl
     from aiokafka.errors import for_code
     from aiokafka.protocol.admin import DescribeAclsRequest
 
+    from streamsched.kafka import clients
+
     codes = {v: k for k, v in RESOURCE_TYPES.items()}
     patterns = {v: k for k, v in PATTERN_TYPES.items()}
     ops = {v: k for k, v in OPERATIONS.items()}
@@ -191,3 +271,86 @@ async def describe(conn: clients.Conn, principal: str | None = None) -> list[Acl
             out.append(Acl(codes.get(rtype, str(rtype)), patterns.get(pattern, str(pattern)), name,
                            ops.get(op, str(op)), who, host, perms.get(perm, str(perm))))
     return sorted(out)
+
+
+# --- the `streamsched acl` command -------------------------------------------------------------
+
+ROLES = ("scheduler", "ticker", "producer")
+HELP = "print (plan) or create (apply) the least-authority Kafka ACLs of a scheduler, ticker or producer role"
+
+
+def add_acl_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``acl`` subcommand's arguments, connection options included; ``fn`` is :func:`run_acl`."""
+    from streamsched.ops.config import add_connection_options
+
+    parser.add_argument("action", choices=["plan", "apply"], help="plan: print the ACLs; apply: create them")
+    parser.add_argument("--role", choices=ROLES, default="scheduler",
+                        help="scheduler: an app's workers (default); ticker: the ticker of --catalog, "
+                             "firing into --target; producer: a service producing to --topic")
+    parser.add_argument("--app", default=None,
+                        help="MODULE:ATTR of a streamsched.App. scheduler role: its schedulers' roles "
+                             "(required); ticker/producer role: also may write its schedulers' topics")
+    parser.add_argument("--scheduler", default=None, help="only this scheduler of --app (default: every one)")
+    parser.add_argument("--principal", default=None,
+                        help="User:NAME the ACLs are for (scheduler default: User:<scheduler name>; "
+                             "required for ticker and producer)")
+    parser.add_argument("--catalog", action="append", default=None, metavar="NAME",
+                        help="scheduler role: a schedule catalog whose occurrences it runs (may write "
+                             "its feedback topic); ticker role: the catalog it ticks (repeatable)")
+    parser.add_argument("--target", action="append", default=None, metavar="TOPIC",
+                        help="ticker role: a topic its schedules may fire into (repeatable)")
+    parser.add_argument("--topic", action="append", default=None, metavar="TOPIC",
+                        help="producer role: a transition topic it produces to (repeatable)")
+    parser.add_argument("--format", choices=["table", "json"], default="table", help="plan: output format")
+    add_connection_options(parser)
+    parser.set_defaults(fn=run_acl)
+
+
+def plan_from_args(args: argparse.Namespace) -> list[Acl]:
+    """The plan ``acl`` arguments ask for (a :class:`ConfigError` names a flag that does not fit)."""
+    role = getattr(args, "role", "scheduler")
+    misplaced = {"scheduler": ("target", "topic"), "ticker": ("topic",), "producer": ("target", "catalog")}
+    for name in misplaced[role]:
+        if getattr(args, name, None):
+            raise ConfigError(f"--{name} does not apply to --role {role}")
+    app = None
+    if args.app is not None:
+        from streamsched.ops.cli.common import load_app  # the CLI's loader: one-line errors
+
+        app = load_app(args.app)
+    elif args.scheduler:
+        raise ConfigError("--scheduler selects a scheduler of --app")
+    if role == "scheduler":
+        if app is None:
+            raise ConfigError("--role scheduler needs --app MODULE:ATTR")
+        return plan_app(app, principal=args.principal, scheduler=args.scheduler, catalogs=args.catalog or ())
+    if not args.principal:
+        raise ConfigError(f"--role {role} needs --principal User:NAME")
+    topics = set(args.target or args.topic or ())
+    if app is not None:
+        topics |= {s.topic for s in _schedulers(app, args.scheduler)}
+    if role == "producer":
+        return plan_producer(topics, args.principal)
+    if not args.catalog:
+        raise ConfigError("--role ticker needs --catalog NAME")
+    return sorted({a for c in args.catalog for a in plan_ticker(c, topics, args.principal)})
+
+
+def _schedulers(app: App, name: str | None) -> list[SchedulerDef]:
+    if name is not None and name not in app.schedulers:
+        raise ConfigError(f"no scheduler named {name!r} in app {app.name}")
+    return [app.schedulers[name]] if name is not None else list(app.schedulers.values())
+
+
+def run_acl(args: argparse.Namespace) -> int:
+    """``acl plan`` prints the plan; ``acl apply`` creates it (as an operator allowed to alter
+    ACLs) and prints ``{"applied": N, "principals": [...]}``."""
+    acls = plan_from_args(args)
+    if args.action == "plan":
+        print(format_plan(acls, as_json=args.format == "json"))
+        return 0
+    from streamsched.ops.config import resolve_connection
+
+    applied = asyncio.run(apply(resolve_connection(args), acls))
+    print(json.dumps({"applied": applied, "principals": sorted({a.principal for a in acls})}))
+    return 0

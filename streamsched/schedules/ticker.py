@@ -3,7 +3,7 @@
 Ticking is spread over the group by partition of the catalog's definitions topic; there is no
 leader election and nothing "checks leadership". Each owned partition runs on the fenced owner
 runtime (:mod:`streamsched.kafka.owner`) with a transactional producer bound to it
-(``streamsched.schedules.<catalog>.<p>``): a new owner's ``init_transactions`` fences the old
+(``streamsched:ticker:<catalog>:<p>``): a new owner's ``init_transactions`` fences the old
 one, and the runtime never starts an owner for a partition the ticker does not hold right then
 (rebalance callbacks and restarts are serialised by one lock). What one partition does, and
 what it trusts, is :mod:`streamsched.schedules.tick`.
@@ -20,6 +20,7 @@ from typing import Any
 from streamsched.kafka import clients
 from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.metrics import Metrics
+from streamsched.model.names import transactional_id
 from streamsched.schedules.catalog import Catalog
 from streamsched.schedules.tick import LOOKAHEAD_NS, MAX_FIRES_PER_TXN, PartitionTicker, fired_by_us
 
@@ -50,7 +51,7 @@ class Ticker:
         self.consumer: Any = None
         spec: OwnerSpec[PartitionTicker] = OwnerSpec(
             name=catalog.definitions_topic, bootstrap=config.bootstrap,
-            transactional_id=lambda p: f"streamsched.schedules.{catalog.name}.{p}",
+            transactional_id=lambda p: transactional_id("ticker", catalog.name, partition=p),
             producer_options=lambda _p: {"max_batch_size": 1024 * 1024},
             restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s)
         self.owners: Owners[PartitionTicker] = Owners(spec, self.metrics, on_start=self._hold,

@@ -37,7 +37,7 @@ from streamsched.model.limits import (
     MIN_CLAIM_DURATION_S,
     check_range,
 )
-from streamsched.model.names import internal_topic, validate_name
+from streamsched.model.names import internal_topic, transactional_prefix, validate_name
 from streamsched.model.retry import RetryPolicy
 from streamsched.wire.transition import encode_transition
 
@@ -230,6 +230,8 @@ class SchedulerDef:
         check_range("selection_wait_s", self.selection_wait_s, 0.01, MAX_SELECTION_WAIT_S)
         if not self.group:
             object.__setattr__(self, "group", f"streamsched.{self.name}")
+        # A group the transactional ids cannot carry is refused here, not in the restart loop.
+        transactional_prefix("scheduler", self.group, self.topic)
 
     @property
     def state_topic(self) -> str:

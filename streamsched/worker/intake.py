@@ -3,7 +3,7 @@
 Fencing without KIP-447: aiokafka speaks the v0 transaction APIs, so a transactional offset
 commit carries no group generation. Instead every transition partition gets its own
 transactional producer whose ``transactional.id`` is bound to the partition
-(``streamsched.<group>.<topic>.<p>``). A new owner's ``init_transactions`` bumps the producer
+(``streamsched:scheduler:<group>:<topic>:<p>``). A new owner's ``init_transactions`` bumps the producer
 epoch, which aborts the old owner's open transaction and makes every later write *and* offset
 commit of the old owner fail with ``ProducerFenced``. Only after that does the new owner read
 the state partition to its end (read_committed), read the committed offsets of its transition
@@ -34,6 +34,7 @@ from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply, partition_count
 from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.metrics import Metrics
+from streamsched.model.names import transactional_id
 from streamsched.wire.delay import due_ns
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.duework import DueIndex, DueItem
@@ -145,7 +146,7 @@ class Worker:
         s = scheduler
         spec: OwnerSpec[PartitionRunner] = OwnerSpec(
             name=s.topic, bootstrap=config.bootstrap,
-            transactional_id=lambda p: f"streamsched.{s.group}.{s.topic}.{p}",
+            transactional_id=lambda p: transactional_id("scheduler", s.group, s.topic, partition=p),
             producer_options=lambda p: dict(max_batch_size=1024 * 1024, max_request_size=2 * 1024 * 1024,
                                             request_timeout_ms=30_000, transaction_timeout_ms=60_000,
                                             client_id=f"{config.owner}-p{p}"),

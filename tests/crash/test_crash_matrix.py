@@ -9,12 +9,16 @@ increasing per identity.
 from __future__ import annotations
 
 import signal
-import uuid
 from pathlib import Path
 
 import pytest
 
-from consumers.harness import Workflow, audit, build_events, create_topics, produce, unresolved_below_commit
+from consumers.harness import (
+    FAST_FAILOVER_ENV,
+    audit,
+    seeded_workflow,
+    unresolved_below_commit,
+)
 from streamsched.failpoints import POINTS
 from streamsched.kafka.reads import group_lag
 from streamsched.testing import WorkerProcess, wait_drained
@@ -22,9 +26,7 @@ from streamsched.testing import WorkerProcess, wait_drained
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 
 WORKER_ENV = {
-    "STREAMSCHED_CLAIM_DURATION_S": "5",
-    "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
-    "STREAMSCHED_HEARTBEAT_MS": "500",
+    **FAST_FAILOVER_ENV,
     # Offsets in every transaction, so "after_commit:2" lands mid-stream, not after the end.
     "STREAMSCHED_COMMIT_INTERVAL_S": "0",
 }
@@ -33,10 +35,8 @@ WORKER_ENV = {
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("kind", ["due_runs", "pipelines"])
 async def test_crash_at_failpoint(bootstrap: str, tmp_path: Path, kind: str, point: str) -> None:
-    wf = Workflow(kind, f".crash-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.sqlite3")
-    await create_topics(bootstrap, wf, partitions=2)
-    events = build_events(wf, unique=24, duplicates=16, noise=4)
-    await produce(bootstrap, wf, events)
+    wf, events = await seeded_workflow(bootstrap, kind, "crash", tmp_path, partitions=2,
+                                       unique=24, duplicates=16, noise=4)
 
     env = {**WORKER_ENV, **wf.env}
     doomed = WorkerProcess(wf.app_ref, bootstrap, env={**env, "STREAMSCHED_FAILPOINT": f"{point}:2"},

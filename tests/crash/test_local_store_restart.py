@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import json
 import signal
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from consumers.harness import Workflow, audit, build_events, create_topics, produce, unresolved_below_commit
+from consumers.harness import (
+    FAST_FAILOVER_ENV,
+    audit,
+    seeded_workflow,
+    unresolved_below_commit,
+)
 from streamsched.kafka.reads import group_lag, read_topic
 from streamsched.testing import WorkerProcess, wait_drained
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 
 WORKER_ENV = {
-    "STREAMSCHED_CLAIM_DURATION_S": "5",
-    "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
-    "STREAMSCHED_HEARTBEAT_MS": "500",
+    **FAST_FAILOVER_ENV,
     "STREAMSCHED_COMMIT_INTERVAL_S": "0",
 }
 
@@ -40,10 +42,8 @@ def final_metrics(log: Path) -> dict[str, Any]:
 
 
 async def test_restart_from_local_store_reads_only_the_tail(bootstrap: str, tmp_path: Path) -> None:
-    wf = Workflow("due_runs", f".store-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.sqlite3")
-    await create_topics(bootstrap, wf, partitions=2)
-    events = build_events(wf, unique=120, duplicates=40, noise=4)
-    await produce(bootstrap, wf, events)
+    wf, events = await seeded_workflow(bootstrap, "due_runs", "store", tmp_path, partitions=2,
+                                       unique=120, duplicates=40, noise=4)
     env = {**WORKER_ENV, **wf.env, "STREAMSCHED_STORE_DIR": str(tmp_path / "stores")}
 
     doomed = WorkerProcess(wf.app_ref, bootstrap, env={**env, "STREAMSCHED_FAILPOINT": "after_effect:70"},

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.harness import (
-    Workflow,
     audit,
-    build_events,
     claim_history,
-    create_topics,
-    produce,
+    seeded_workflow,
     unresolved_below_commit,
 )
 from streamsched.kafka.reads import group_lag
@@ -41,10 +37,8 @@ class _Group:
 
 
 async def test_sigterm_finishes_in_flight_work_and_leaves(bootstrap: str, tmp_path: Path) -> None:
-    wf = Workflow("due_runs", f".term-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.sqlite3")
-    await create_topics(bootstrap, wf, partitions=2)
-    events = build_events(wf, unique=80, duplicates=10)
-    await produce(bootstrap, wf, events)
+    wf, events = await seeded_workflow(bootstrap, "due_runs", "term", tmp_path, partitions=2,
+                                       unique=80, duplicates=10)
     env = {**wf.env, "STREAMSCHED_CLAIM_DURATION_S": "30", "STREAMSCHED_LEDGER_LATENCY_S": "0.2",
            "STREAMSCHED_SESSION_TIMEOUT_MS": "30000"}
     worker = WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=tmp_path / "w.log").start()

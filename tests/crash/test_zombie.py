@@ -8,12 +8,16 @@ writes and offset commits are refused by the broker, and every effect happens on
 from __future__ import annotations
 
 import signal
-import uuid
 from pathlib import Path
 
 import pytest
 
-from consumers.harness import Workflow, audit, build_events, claim_history, create_topics, produce
+from consumers.harness import (
+    FAST_FAILOVER_ENV,
+    audit,
+    claim_history,
+    seeded_workflow,
+)
 from consumers.ledger import Ledger
 from streamsched.kafka.reads import group_lag
 from streamsched.model.claims import ClaimStatus
@@ -23,12 +27,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.zombie]
 
 
 async def test_sigstopped_worker_is_fenced(bootstrap: str, tmp_path: Path) -> None:
-    wf = Workflow("due_runs", f".zombie-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.sqlite3")
-    await create_topics(bootstrap, wf, partitions=2)
-    events = build_events(wf, unique=12, duplicates=4)
-    await produce(bootstrap, wf, events)
-    env = {**wf.env, "STREAMSCHED_CLAIM_DURATION_S": "5", "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
-           "STREAMSCHED_HEARTBEAT_MS": "500"}
+    wf, events = await seeded_workflow(bootstrap, "due_runs", "zombie", tmp_path, partitions=2,
+                                       unique=12, duplicates=4)
+    env = {**wf.env, **FAST_FAILOVER_ENV}
 
     zombie = WorkerProcess(wf.app_ref, bootstrap, env={**env, "STREAMSCHED_LEDGER_LATENCY_S": "3"},
                            log_path=tmp_path / "zombie.log").start()

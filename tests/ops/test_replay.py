@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.harness import Workflow, build_events, claim_history, create_topics, produce
+from consumers.harness import Workflow, build_events, claim_history, create_topics, produce, seeded_workflow
 from consumers.ledger import Ledger
 from streamsched.errors import ConfigError
 from streamsched.kafka.reads import group_lag, read_topic
@@ -132,10 +132,8 @@ async def claims_per_identity(bootstrap: str, wf: Workflow) -> Counter[str]:
 
 async def test_replay_from_earliest_after_a_complete_run_executes_nothing(bootstrap: str,
                                                                           tmp_path: Path) -> None:
-    wf = Workflow("due_runs", f".rp-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.sqlite3")
-    await create_topics(bootstrap, wf, partitions=2)
-    events = build_events(wf, unique=20, duplicates=10, noise=3)
-    await produce(bootstrap, wf, events)
+    wf, events = await seeded_workflow(bootstrap, "due_runs", "rp", tmp_path, partitions=2,
+                                       unique=20, duplicates=10, noise=3)
     await run_to_completion(wf, bootstrap, tmp_path / "first.log")
     executed = calls(wf)
     assert executed == 20 and len(Ledger(wf.ledger).effects()) == 20

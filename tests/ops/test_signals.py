@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from consumers.harness import Workflow, audit, build_events, claim_history, create_topics, produce
+from consumers.harness import (
+    Workflow,
+    audit,
+    claim_history,
+    create_topics,
+    seeded_workflow,
+)
 from streamsched.model.claims import ClaimStatus
 from streamsched.testing import WorkerProcess, wait_drained, wait_for
 
@@ -67,10 +73,8 @@ async def test_second_sigint_during_start_up_exits_at_once(bootstrap: str, tmp_p
 
 
 async def test_second_sigterm_stops_without_draining(bootstrap: str, tmp_path: Path) -> None:
-    wf = Workflow("due_runs", f".sig-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.sqlite3")
-    await create_topics(bootstrap, wf, partitions=1)
-    events = build_events(wf, unique=8, duplicates=0)
-    await produce(bootstrap, wf, events)
+    wf, events = await seeded_workflow(bootstrap, "due_runs", "sig", tmp_path, partitions=1,
+                                       unique=8, duplicates=0)
     # Every command takes 20 s: a drain would wait for the in-flight batch (up to the 10 s
     # shutdown deadline); a second signal must not.
     env = {**wf.env, "STREAMSCHED_LEDGER_LATENCY_S": "20", "STREAMSCHED_CLAIM_DURATION_S": "5"}

@@ -15,9 +15,9 @@ import pytest
 from streamsched.ops.broker import LocalCluster
 from streamsched.ops.broker_security import BrokerSecurity
 
-USERS = ("pipelines", "other", "intruder")
+USERS = ("pipelines", "other", "intruder", "ticker", "service")
 """pipelines: the reference workflow's role; other: another scheduler; intruder: a principal
-with no ACL at all."""
+with no ACL at all; ticker: a schedule ticker's role; service: a service producer's role."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

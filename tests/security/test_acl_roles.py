@@ -2,7 +2,7 @@
 scheduler role needs, ``acl apply`` creates it, the reference workflow ``pipelines`` runs end to
 end under its own principal with exactly those ACLs, and the broker (not Python) refuses
 everything else: an undeclared output topic, another scheduler's state topic, transactional id
-or group, creating topics.
+(also of a scheduler whose group or topic extends this one's names) or group, creating topics.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.clients import Connection
 from streamsched.kafka.reads import read_topic
+from streamsched.model.names import transactional_id, transactional_prefix
 from streamsched.ops import acl
 from streamsched.ops.broker import LocalCluster
 from streamsched.ops.cli import main
@@ -65,7 +66,7 @@ def test_the_plan_is_exactly_what_the_role_needs() -> None:
     } | {
         ("GROUP", "LITERAL", f"streamsched.{reference.NAME}", "READ"),
     } | {
-        ("TRANSACTIONAL_ID", "PREFIXED", f"streamsched.{s.group}.{s.topic}.", op)
+        ("TRANSACTIONAL_ID", "PREFIXED", f"streamsched:scheduler:{s.group}:{s.topic}:", op)
         for op in ("WRITE", "DESCRIBE")
     }
     plan = acl.plan_app(reference.app, principal=who)
@@ -144,7 +145,7 @@ async def role(secure: LocalCluster) -> AsyncIterator[Role]:
     yield Role(ns, module.app, module, admin, conn,
                secure.security.write_client_file(secure.bootstrap, "pipelines"), plan,
                f"__streamsched.state.{other}", f"streamsched.{other}",
-               f"streamsched.streamsched.{other}.pipelines.transitions{ns}.0", undeclared)
+               transactional_id("scheduler", f"streamsched.{other}", s.topic, partition=0), undeclared)
 
 
 def _key(d: dict[str, str]) -> tuple[str, ...]:
@@ -212,9 +213,29 @@ async def test_the_broker_refuses_another_schedulers_transactional_id(role: Role
         await theirs.start()
     await theirs.stop()
     s = role.app.schedulers[role.module.NAME]
-    mine = clients.transactional_producer(role.conn, f"{acl.transactional_prefix(s)}99")
+    mine = clients.transactional_producer(role.conn,
+                                          transactional_id("scheduler", s.group, s.topic, partition=99))
     await mine.start()  # the control: its own prefix is allowed
     await mine.stop()
+
+
+@pytest.mark.parametrize(("group", "topic"), [("{g}", "{t}.b"), ("{g}.{t}", "b"), ("{g}.{t}.b", "c")])
+async def test_the_prefix_acl_covers_no_scheduler_whose_names_extend_ours(role: Role, group: str,
+                                                                          topic: str) -> None:
+    """With the old ids (``streamsched.<group>.<topic>.<p>``, ACL prefix ``streamsched.<group>.<topic>.``)
+    each of these schedulers' ids fell under this role's PREFIXED ACL: it could fence them."""
+    from aiokafka.errors import TransactionalIdAuthorizationFailed
+
+    s = role.app.schedulers[role.module.NAME]
+    names = {"g": s.group, "t": s.topic}
+    group, topic = group.format(**names), topic.format(**names)
+    assert f"streamsched.{group}.{topic}.0".startswith(f"streamsched.{s.group}.{s.topic}.")  # the old bug
+    theirs = transactional_id("scheduler", group, topic, partition=0)
+    assert not theirs.startswith(transactional_prefix("scheduler", s.group, s.topic))
+    producer = clients.transactional_producer(role.conn, theirs)
+    with pytest.raises(TransactionalIdAuthorizationFailed):
+        await producer.start()
+    await producer.stop()
 
 
 async def test_the_broker_refuses_creating_topics(role: Role) -> None:

@@ -228,14 +228,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 # --- acl ------------------------------------------------------------------------------------------
 
 def cmd_acl(args: argparse.Namespace) -> int:
-    """``plan``: the exact ACLs of an app's scheduler roles; ``apply``: create them (as an operator)."""
-    from streamsched.ops import acl
+    """``plan``: the exact ACLs of a scheduler, ticker or producer role; ``apply``: create them."""
+    from streamsched.ops.acl import run_acl
 
-    acls = acl.plan_app(load_app(args.app), principal=args.principal, scheduler=args.scheduler,
-                        catalogs=args.catalog or ())
-    if args.action == "plan":
-        print(acl.format_plan(acls, as_json=args.format == "json"))
-        return 0
-    applied = asyncio.run(acl.apply(connect(args), acls))
-    print(json.dumps({"applied": applied, "principals": sorted({a.principal for a in acls})}))
-    return 0
+    return run_acl(args)

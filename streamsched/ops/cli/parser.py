@@ -7,6 +7,8 @@ import argparse
 import os
 
 from streamsched.errors import ConfigError
+from streamsched.ops.acl import HELP as ACL_HELP
+from streamsched.ops.acl import add_acl_arguments
 from streamsched.ops.cli.commands import (
     cmd_acl,
     cmd_broker,
@@ -229,17 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_connection_options(rp)
     rp.set_defaults(fn=cmd_replay)
 
-    ac = sub.add_parser("acl", help="print (plan) or create (apply) the least-authority Kafka ACLs "
-                        "of an app's scheduler roles")
-    ac.add_argument("action", choices=["plan", "apply"], help="plan: print the ACLs; apply: create them")
-    ac.add_argument("--app", required=True, help="MODULE:ATTR of a streamsched.App")
-    ac.add_argument("--scheduler", default=None, help="only this scheduler (default: every one)")
-    ac.add_argument("--principal", default=None,
-                    help="User:NAME the ACLs are for (default: User:<scheduler name>)")
-    ac.add_argument("--catalog", action="append", default=None, metavar="NAME",
-                    help="a schedule catalog whose occurrences the scheduler runs: may write its "
-                         "feedback topic (repeatable)")
-    ac.add_argument("--format", choices=["table", "json"], default="table", help="plan: output format")
-    add_connection_options(ac)
+    ac = sub.add_parser("acl", help=ACL_HELP)
+    add_acl_arguments(ac)  # with the connection options
     ac.set_defaults(fn=cmd_acl)
     return parser
