@@ -21,6 +21,8 @@ ALLOWED: dict[str, set[str]] = {
     "worker": {"model", "wire", "kafka", "worker"} | CROSS,
     "schedules": {"model", "wire", "kafka", "schedules"} | CROSS,
     "outbox": {"model", "wire", "kafka", "outbox"} | CROSS,
+    # Adapters for other frameworks (Faust): they produce transitions, nothing more.
+    "integrations": {"model", "wire", "kafka", "integrations"} | CROSS,
     "ops": {"model", "wire", "kafka", "worker", "schedules", "outbox", "ops"} | CROSS,
     # The pytest plugin starts the local broker (ops.broker); nothing in ops imports testing.
     "testing": {"model", "wire", "kafka", "worker", "ops", "testing"} | CROSS,

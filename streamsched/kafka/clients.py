@@ -30,6 +30,11 @@ producers default to :data:`METADATA_MAX_AGE_MS` (a small MetadataRequest for th
 topics every few seconds), and every consumer forces a metadata refresh when an offset lookup
 fails (:func:`_refresh_metadata_on_offset_errors`), so it finds the new leader at once.
 
+Broker version (issue 8.5): every client, once started, checks the cluster's Kafka release from
+its ApiVersions (:func:`verify_broker`, once per process and bootstrap list) and refuses an
+untested one with :class:`~streamsched.kafka.version.UntestedKafkaVersion` unless the connection
+allows it (``allow_untested_kafka``, or ``STREAMSCHED_ALLOW_UNTESTED_KAFKA=1``).
+
 Typed boundary: aiokafka ships no type information, so the factories return the aiokafka
 classes as ``Any``-typed objects behind the small Protocols callers actually use.
 """
@@ -42,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamsched.errors import ConfigError
-from streamsched.kafka import security
+from streamsched.kafka import security, version
 from streamsched.kafka.security import Secret
 from streamsched.model.retry import register_transport_errors
 
@@ -92,6 +97,8 @@ class Connection:
     producer_options: dict[str, Any] = field(default_factory=dict)
     consumer_options: dict[str, Any] = field(default_factory=dict)
     admin_options: dict[str, Any] = field(default_factory=dict)
+    allow_untested_kafka: bool = False
+    """Connect to a Kafka release that is not tested (see :mod:`streamsched.kafka.version`)."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap or not isinstance(self.bootstrap, str):
@@ -181,6 +188,8 @@ class Connection:
             value: dict[str, Any] = getattr(self, name)
             if value:
                 out[name] = sorted(value)  # names only: a value may be anything
+        if self.allow_untested_kafka:
+            out["allow_untested_kafka"] = True
         return out
 
     def __repr__(self) -> str:
@@ -248,9 +257,11 @@ def consumer(conn: Conn, *topics: str, group_id: str | None = None, **options: A
     refreshes metadata every few seconds and whenever an offset lookup fails (module docs)."""
     _refuse(options, LOCKED_CONSUMER, "consumer")
     c = connection(conn)
-    return _consumer_class()(*topics, group_id=group_id, enable_auto_commit=False,
-                             auto_offset_reset="earliest", isolation_level="read_committed",
-                             **{**_CONSUMER_DEFAULTS, **c.for_client("consumer"), **options})
+    built = _consumer_class()(*topics, group_id=group_id, enable_auto_commit=False,
+                              auto_offset_reset="earliest", isolation_level="read_committed",
+                              **{**_CONSUMER_DEFAULTS, **c.for_client("consumer"), **options})
+    built._streamsched_conn = c
+    return built
 
 
 @functools.cache
@@ -261,11 +272,100 @@ def _consumer_class() -> type[Any]:
     class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
         """``AIOKafkaConsumer`` whose fetcher refreshes metadata when an offset lookup fails."""
 
+        _streamsched_conn: Connection | None = None
+
         async def start(self) -> None:
             await super().start()
             _refresh_metadata_on_offset_errors(self)
+            await _verify_started(self, self._client, self.stop)
 
     return Consumer
+
+
+@functools.cache
+def _producer_class() -> type[Any]:
+    from aiokafka import AIOKafkaProducer
+
+    class Producer(AIOKafkaProducer):  # type: ignore[misc]
+        """``AIOKafkaProducer`` that checks the broker's release when it starts."""
+
+        _streamsched_conn: Connection | None = None
+
+        async def start(self) -> None:
+            await super().start()
+            await _verify_started(self, self.client, self.stop)
+
+    return Producer
+
+
+@functools.cache
+def _admin_class() -> type[Any]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    class Admin(AIOKafkaAdminClient):  # type: ignore[misc]
+        """``AIOKafkaAdminClient`` that checks the broker's release when it starts."""
+
+        _streamsched_conn: Connection | None = None
+
+        async def start(self) -> None:
+            await super().start()
+            await _verify_started(self, self._client, self.close)
+
+    return Admin
+
+
+_verified: dict[str, version.DetectedVersion] = {}
+"""Bootstrap list -> the release its cluster was found to run (checked once per process)."""
+
+
+async def api_versions(client: Any) -> dict[int, tuple[int, int]] | None:
+    """The (min, max) version per API key of one broker of a started aiokafka ``client``
+    (``AIOKafkaClient``); None if no broker answers or aiokafka's internals changed."""
+    cluster = getattr(client, "cluster", None)
+    get_conn = getattr(client, "_get_conn", None)
+    if cluster is None or get_conn is None:
+        return None
+    for broker in sorted(cluster.brokers(), key=lambda b: b.nodeId):
+        conn = await get_conn(broker.nodeId)
+        versions = getattr(conn, "_versions", None)
+        if conn is not None and versions:
+            return {int(k): (int(v[0]), int(v[1])) for k, v in versions.items()}
+    return None
+
+
+async def verify_broker(conn: Connection, client: Any) -> version.DetectedVersion | None:
+    """Check the release of the cluster ``client`` (a started ``AIOKafkaClient``) reached.
+
+    Raises :class:`~streamsched.kafka.version.UntestedKafkaVersion` for an untested release unless
+    ``conn`` (or ``STREAMSCHED_ALLOW_UNTESTED_KAFKA``) allows it; an allowed one is logged once.
+    """
+    known = _verified.get(conn.bootstrap)
+    if known is None:
+        versions = await api_versions(client)
+        if versions is None:
+            log.warning("could not read the API versions of %s; its Kafka release is not checked",
+                        conn.bootstrap)
+            return None
+        known = version.detect(versions)
+    allowed = conn.allow_untested_kafka or version.allowed_by_env()
+    if not known.tested and not allowed:
+        raise version.UntestedKafkaVersion(conn.bootstrap, known)
+    if conn.bootstrap not in _verified and not known.tested:
+        log.warning("Kafka at %s is %s, not a tested release (tested: %s); connecting as allowed",
+                    conn.bootstrap, known.name, version.tested_range())
+    _verified[conn.bootstrap] = known
+    return known
+
+
+async def _verify_started(client_obj: Any, client: Any, close: Any) -> None:
+    conn = client_obj._streamsched_conn
+    if conn is None:
+        return
+    try:
+        await verify_broker(conn, client)
+    except version.UntestedKafkaVersion:
+        await close()  # the caller's start() raised: it will not stop what it never got
+        raise
 
 
 def _refresh_metadata_on_offset_errors(consumer: Any) -> None:
@@ -301,29 +401,29 @@ def _refresh_metadata_on_offset_errors(consumer: Any) -> None:
 
 def producer(conn: Conn, **options: Any) -> Any:
     """An idempotent ``AIOKafkaProducer`` with ``acks="all"`` (not started)."""
-    from aiokafka import AIOKafkaProducer
-
     _refuse(options, LOCKED_PRODUCER, "producer")
     c = connection(conn)
-    return AIOKafkaProducer(acks="all", enable_idempotence=True,
-                            **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
+    built = _producer_class()(acks="all", enable_idempotence=True,
+                              **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
+    built._streamsched_conn = c
+    return built
 
 
 def transactional_producer(conn: Conn, transactional_id: str, **options: Any) -> Any:
     """A transactional producer bound to ``transactional_id`` (its start fences older owners)."""
-    from aiokafka import AIOKafkaProducer
-
     _refuse(options, LOCKED_PRODUCER, "producer")
     if not transactional_id:
         raise ConfigError("a transactional producer needs a transactional id")
     c = connection(conn)
-    return AIOKafkaProducer(acks="all", enable_idempotence=True, transactional_id=transactional_id,
-                            **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
+    built = _producer_class()(acks="all", enable_idempotence=True, transactional_id=transactional_id,
+                              **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
+    built._streamsched_conn = c
+    return built
 
 
 def admin(conn: Conn, **options: Any) -> Any:
     """An ``AIOKafkaAdminClient`` (not started)."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
     c = connection(conn)
-    return AIOKafkaAdminClient(**{**c.for_client("admin"), **options})
+    built = _admin_class()(**{**c.for_client("admin"), **options})
+    built._streamsched_conn = c
+    return built

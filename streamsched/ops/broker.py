@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,33 +28,85 @@ from pathlib import Path
 
 from streamsched.errors import BrokerError
 from streamsched.kafka import clients
+from streamsched.kafka.version import TESTED_KAFKA_VERSIONS as TESTED_KAFKA_VERSIONS
 from streamsched.ops.broker_security import ADMIN, BrokerSecurity
 
-KAFKA_VERSION = "3.9.1"
-"""The pinned Apache Kafka version (see README "Why Kafka 3.9")."""
+KAFKA_VERSION = TESTED_KAFKA_VERSIONS[-1]
+"""The default broker version: the newest tested one (``STREAMSCHED_KAFKA_VERSION`` overrides)."""
+VERSION_ENV = "STREAMSCHED_KAFKA_VERSION"
 
 DEFAULT_HEAP = "-Xmx512m"
 
+_VERSION_RE = re.compile(r"\d+\.\d+\.\d+")
 
-def cache_dir() -> Path:
+
+def kafka_version(version: str | None = None) -> str:
+    """The broker version to run: ``version``, else ``$STREAMSCHED_KAFKA_VERSION``, else the default.
+
+    Any released version may be run (that is how a new one is tried); commands connecting to it
+    refuse it unless it is tested or allowed (:mod:`streamsched.kafka.version`).
+    """
+    chosen = (version or os.environ.get(VERSION_ENV) or KAFKA_VERSION).strip()
+    if not _VERSION_RE.fullmatch(chosen):
+        raise BrokerError(f"not a Kafka version: {chosen!r} (expected e.g. {KAFKA_VERSION})")
+    if int(chosen.split(".")[0]) < 3:
+        raise BrokerError(f"Kafka {chosen} cannot run KRaft combined nodes; tested: "
+                          f"{', '.join(TESTED_KAFKA_VERSIONS)}")
+    return chosen
+
+
+def is_kafka4(version: str) -> bool:
+    """Kafka 4 logs through log4j2 (3.x: log4j 1 via reload4j)."""
+    return int(version.split(".")[0]) >= 4
+
+
+def cache_dir(version: str | None = None) -> Path:
+    """Where the jars of one Kafka version are cached (one directory per version)."""
     root = os.environ.get("STREAMSCHED_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "streamsched"
     )
-    return Path(root) / f"kafka-{KAFKA_VERSION}"
+    return Path(root) / f"kafka-{kafka_version(version)}"
 
 
-def ensure_jars(*, quiet: bool = True) -> Path:
-    """Resolve the broker's runtime classpath with Maven once; later calls hit the cache."""
-    target = cache_dir()
+_RELOAD4J = re.compile(r"\s*<dependency>\s*<groupId>org\.slf4j</groupId>\s*"
+                       r"<artifactId>slf4j-reload4j</artifactId>.*?</dependency>", re.S)
+_LOG4J2_BINDING = """
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-slf4j-impl</artifactId>
+      <version>2.24.3</version>
+      <exclusions>
+        <exclusion><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-api</artifactId></exclusion>
+        <exclusion><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId></exclusion>
+      </exclusions>
+    </dependency>"""
+
+
+def pom_for(version: str) -> str:
+    """The pinned pom for ``version``: Kafka 4 brings log4j2 and drops reload4j, so its slf4j 1.7
+    binding is log4j2's (with Kafka's own log4j-api/core; without a binding the broker logs
+    nothing at all)."""
+    pom = resources.files("streamsched._kafka").joinpath("pom.xml").read_text()
+    pom = pom.replace("@KAFKA_VERSION@", version)
+    if is_kafka4(version):
+        pom, n = _RELOAD4J.subn(_LOG4J2_BINDING, pom)
+        if n != 1:
+            raise BrokerError("streamsched/_kafka/pom.xml no longer names slf4j-reload4j")
+    return pom
+
+
+def ensure_jars(version: str | None = None, *, quiet: bool = True) -> Path:
+    """Resolve the broker's runtime classpath of ``version`` with Maven once; later calls hit the cache."""
+    version = kafka_version(version)
+    target = cache_dir(version)
     lib = target / "lib"
     marker = target / "resolved.ok"
-    if marker.exists() and any(lib.glob("kafka_2.13-*.jar")) and any(lib.glob("kafka-tools-*.jar")):
+    if marker.exists() and any(lib.glob("kafka_2.13-*.jar")) and any(lib.glob("kafka-tools-[0-9]*.jar")):
         return lib
     if shutil.which("mvn") is None:
         raise BrokerError("mvn is not on PATH; it is needed once to fetch Kafka's jars")
     target.mkdir(parents=True, exist_ok=True)
-    pom = resources.files("streamsched._kafka").joinpath("pom.xml").read_text()
-    (target / "pom.xml").write_text(pom.replace("@KAFKA_VERSION@", KAFKA_VERSION))
+    (target / "pom.xml").write_text(pom_for(version))
     cmd = [
         "mvn", "-B", "-q" if quiet else "-e",
         "dependency:copy-dependencies",
@@ -61,8 +115,8 @@ def ensure_jars(*, quiet: bool = True) -> Path:
     proc = subprocess.run(cmd, cwd=target, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr)[-2000:]
-        raise BrokerError(f"mvn could not resolve Kafka {KAFKA_VERSION}: {tail}")
-    marker.write_text(KAFKA_VERSION + "\n")
+        raise BrokerError(f"mvn could not resolve Kafka {version}: {tail}")
+    marker.write_text(version + "\n")
     return lib
 
 
@@ -105,6 +159,40 @@ log4j.logger.org.apache.kafka.storage.internals.log=WARN
 log4j.logger.kafka.log=WARN
 """
 
+_LOG4J2 = """\
+# Kafka 4 logs through log4j2: the same file, rotation and quiet loggers as _LOG4J.
+status = warn
+name = streamsched-broker
+appender.file.type = RollingFile
+appender.file.name = file
+appender.file.fileName = ${sys:kafka.logs.dir}/server.log
+appender.file.filePattern = ${sys:kafka.logs.dir}/server.log.%i
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+appender.file.policies.type = Policies
+appender.file.policies.size.type = SizeBasedTriggeringPolicy
+appender.file.policies.size.size = 20MB
+appender.file.strategy.type = DefaultRolloverStrategy
+appender.file.strategy.max = 2
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.storage.name = org.apache.kafka.storage.internals.log
+logger.storage.level = WARN
+logger.log.name = kafka.log
+logger.log.level = WARN
+"""
+
+
+def logging_config(version: str) -> tuple[str, str, str]:
+    """(file name, its text, the JVM option that points at it) for ``version``'s logging."""
+    if is_kafka4(version):
+        return "log4j2.properties", _LOG4J2, "-Dlog4j2.configurationFile=file:{path}"
+    return "log4j.properties", _LOG4J, "-Dlog4j.configuration=file:{path}"
+
 
 @dataclass
 class NodeSpec:
@@ -128,6 +216,8 @@ class LocalCluster:
     ``extra_config`` is merged into every node's server.properties. ``security`` runs the nodes
     secured (SASL, authorizer, optional TLS; see :mod:`streamsched.ops.broker_security`): then
     ``bootstrap`` is the SASL_PLAINTEXT listener and :meth:`connection` gives a user's connection.
+    ``kafka_version`` picks the broker (default :func:`kafka_version`); a data dir keeps the
+    version it was formatted with.
     """
 
     data_dir: Path
@@ -138,6 +228,7 @@ class LocalCluster:
     listener_scheme: str = "PLAINTEXT"
     jaas_file: Path | None = None
     security: BrokerSecurity | None = None
+    kafka_version: str | None = None
     specs: list[NodeSpec] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -145,10 +236,22 @@ class LocalCluster:
     def bootstrap(self) -> str:
         return ",".join(s.bootstrap for s in self.specs)
 
+    @property
+    def version(self) -> str:
+        """The Kafka version these nodes run (resolved by :meth:`start`)."""
+        return kafka_version(self.kafka_version)
+
     def _plan(self) -> None:
         state = self.data_dir / "cluster.json"
         if state.exists():
             saved = json.loads(state.read_text())
+            formatted = str(saved.get("kafka_version", "3.9.1"))
+            if self.kafka_version is not None and kafka_version(self.kafka_version) != formatted:
+                # Metadata written by one line is not portable to the other (4.x cannot start on
+                # a 3.x log without an upgrade, 3.x not at all on 4.x): never mix them.
+                raise BrokerError(f"{self.data_dir} holds a Kafka {formatted} cluster; "
+                                  f"remove it to start Kafka {self.kafka_version}")
+            self.kafka_version = formatted
             self.specs = [
                 NodeSpec(n["node_id"], n["port"], n["controller_port"], Path(n["data_dir"]),
                          n.get("tls_port"), n.get("mtls_port"))
@@ -230,7 +333,8 @@ class LocalCluster:
         conf = spec.data_dir / "server.properties"
         conf.touch(mode=0o600)  # created private: a secured node's properties hold JAAS passwords
         conf.write_text(self._properties(spec))
-        (spec.data_dir / "log4j.properties").write_text(_LOG4J)
+        name, text, _ = logging_config(self.version)
+        (spec.data_dir / name).write_text(text)
         if (spec.data_dir / "log" / "meta.properties").exists():
             return
         cmd = [_java(), "-Xmx256m", "-cp", f"{lib}/*", "kafka.tools.StorageTool",
@@ -252,8 +356,9 @@ class LocalCluster:
     def _launch(self, spec: NodeSpec, lib: Path) -> subprocess.Popen[bytes]:
         cmd = [_java(), self.heap, "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                "-Djava.awt.headless=true",
-               f"-Dkafka.logs.dir={spec.data_dir}",
-               f"-Dlog4j.configuration=file:{spec.data_dir / 'log4j.properties'}"]
+               f"-Dkafka.logs.dir={spec.data_dir}"]
+        name, _, option = logging_config(self.version)
+        cmd.append(option.format(path=spec.data_dir / name))
         if self.jaas_file is not None:
             cmd.append(f"-Djava.security.auth.login.config={self.jaas_file}")
         cmd += ["-cp", f"{lib}/*", "kafka.Kafka", str(spec.data_dir / "server.properties")]
@@ -267,9 +372,9 @@ class LocalCluster:
 
     def start(self, *, timeout: float = 90.0) -> str:
         """Start every node (formatting storage on first use) and wait until metadata answers."""
-        lib = ensure_jars()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._plan()
+        lib = ensure_jars(self.version)
         state = self.data_dir / "cluster.json"
         cluster_id = json.loads(state.read_text())["cluster_id"] if state.exists() else _cluster_id()
         for spec in self.specs:
@@ -283,7 +388,7 @@ class LocalCluster:
 
     def start_node(self, node_id: int, *, lib: Path | None = None) -> None:
         spec = self._spec(node_id)
-        proc = self._launch(spec, lib or ensure_jars())
+        proc = self._launch(spec, lib or ensure_jars(self.version))
         self.procs[node_id] = proc
         (spec.data_dir / "pid").write_text(f"{proc.pid}\n")
 
@@ -296,7 +401,7 @@ class LocalCluster:
     def _save(self, cluster_id: str) -> None:
         data = {
             "cluster_id": cluster_id,
-            "kafka_version": KAFKA_VERSION,
+            "kafka_version": self.version,
             "bootstrap": self.bootstrap,
             "nodes": [
                 {"node_id": s.node_id, "port": s.port, "controller_port": s.controller_port,
@@ -380,7 +485,9 @@ def stop_pid_file(pid_file: Path, *, timeout: float = 30.0) -> bool:
 def wait_ready(conn: clients.Conn, *, timeout: float = 90.0, expect_brokers: int = 1,
                procs: list[subprocess.Popen[bytes]] | None = None) -> None:
     """Poll cluster metadata until ``expect_brokers`` brokers answer, or raise BrokerError."""
-    asyncio.run(_wait_ready(clients.connection(conn), timeout, expect_brokers, procs or []))
+    # The runner starts any release it is asked for: refusing untested ones is for commands.
+    ready_conn = dataclasses.replace(clients.connection(conn), allow_untested_kafka=True)
+    asyncio.run(_wait_ready(ready_conn, timeout, expect_brokers, procs or []))
 
 
 async def _wait_ready(conn: clients.Connection, timeout: float, expect: int,

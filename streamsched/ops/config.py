@@ -10,6 +10,7 @@ The TOML file (relative paths are relative to the file)::
 
     bootstrap = "kafka-1:9093,kafka-2:9093"
     security_protocol = "SASL_SSL"
+    # allow_untested_kafka = true        # connect to a Kafka release that is not tested
 
     [sasl]
     mechanism = "SCRAM-SHA-512"          # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER
@@ -49,6 +50,7 @@ from typing import Any
 from streamsched.errors import ConfigError
 from streamsched.kafka.clients import Connection
 from streamsched.kafka.security import SASL_MECHANISMS, SECURITY_PROTOCOLS, Secret
+from streamsched.kafka.version import ALLOW_ENV, tested_range
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +108,15 @@ SETTINGS: tuple[Setting, ...] = (
             "KEY=VALUE aiokafka consumer option (repeatable)", "options"),
     Setting("admin_options", "--admin-option", "STREAMSCHED_ADMIN_OPTIONS", ("admin",),
             "KEY=VALUE aiokafka admin client option (repeatable)", "options"),
+    Setting("allow_untested_kafka", "--allow-untested-kafka", ALLOW_ENV, ("allow_untested_kafka",),
+            f"connect to a Kafka release streamsched is not tested with (tested: {tested_range()})",
+            "bool"),
 )
 CONFIG_ENV = "STREAMSCHED_CONFIG"
 SECRET_ENV = {"sasl_password": "STREAMSCHED_SASL_PASSWORD",
               "ssl_key_password": "STREAMSCHED_SSL_KEY_PASSWORD"}
-_FILE_KEYS = {"bootstrap", "security_protocol", "sasl", "ssl", "client", "producer", "consumer", "admin"}
+_FILE_KEYS = {"bootstrap", "security_protocol", "allow_untested_kafka", "sasl", "ssl", "client", "producer",
+              "consumer", "admin"}
 _SECTION_KEYS = {"sasl": {"mechanism", "username", "password", "password_file", "oauth_token_provider"},
                  "ssl": {"cafile", "certfile", "keyfile", "key_password", "key_password_file",
                          "check_hostname"}}
@@ -190,6 +196,7 @@ def resolve_connection(args: argparse.Namespace | Mapping[str, Any] | None = Non
         producer_options=values["producer_options"],
         consumer_options=values["consumer_options"],
         admin_options=values["admin_options"],
+        allow_untested_kafka=values["allow_untested_kafka"] is True,
     )
 
 

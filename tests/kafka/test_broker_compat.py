@@ -1,21 +1,60 @@
-"""The pinned Kafka version works with aiokafka 0.14, transactions included (README: why 3.9)."""
+"""Each tested Kafka release works with aiokafka 0.14, transactions included (README: supported
+Kafka versions). ``make test`` runs this file on both tested lines (STREAMSCHED_KAFKA_VERSION)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ProducerFenced
 
+from streamsched.kafka import clients, version
 from streamsched.kafka.reads import read_topic
-from streamsched.ops.broker import KAFKA_VERSION
+from streamsched.ops.broker import KAFKA_VERSION, TESTED_KAFKA_VERSIONS
 
 pytestmark = pytest.mark.kafka
 
 
-async def test_pinned_version_is_3_9() -> None:
-    assert KAFKA_VERSION.startswith("3.9.")
+async def test_the_default_is_the_newest_tested_release() -> None:
+    assert TESTED_KAFKA_VERSIONS[-1] == KAFKA_VERSION
+    assert [v.split(".")[0] for v in TESTED_KAFKA_VERSIONS] == ["3", "4"]  # both lines, oldest first
+
+
+async def test_the_broker_is_a_tested_release(bootstrap: str) -> None:
+    admin = clients.admin(bootstrap)
+    await admin.start()
+    try:
+        versions = await clients.api_versions(admin._client)
+    finally:
+        await admin.close()
+    assert versions is not None
+    detected = version.detect(versions)
+    assert detected.tested, detected.name
+    chosen = os.environ.get("STREAMSCHED_KAFKA_VERSION")
+    if chosen and not os.environ.get("STREAMSCHED_TEST_BOOTSTRAP"):
+        assert chosen.startswith(f"{detected.line}.")  # the broker this run asked for
+
+
+async def test_an_untested_release_is_refused_at_connect_unless_allowed(
+        bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Make the running (tested) release look untested: the real check on a real connection.
+    monkeypatch.setattr(version, "TESTED_LINES", ())
+    monkeypatch.setattr(clients, "_verified", {})
+    monkeypatch.delenv(version.ALLOW_ENV, raising=False)
+    admin = clients.admin(bootstrap)
+    with pytest.raises(version.UntestedKafkaVersion) as err:
+        await admin.start()
+    text = str(err.value)
+    assert "\n" not in text and "not a tested release" in text and "--allow-untested-kafka" in text
+    allowed = clients.admin(clients.Connection(bootstrap, allow_untested_kafka=True))
+    await allowed.start()
+    await allowed.close()
+    monkeypatch.setenv(version.ALLOW_ENV, "1")
+    producer = clients.producer(bootstrap)
+    await producer.start()
+    await producer.stop()
 
 
 async def test_transaction_commit_abort_and_offsets(bootstrap: str, make_topic, unique) -> None:

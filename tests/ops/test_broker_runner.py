@@ -1,11 +1,18 @@
-"""The local broker runner makes cluster ids as Kafka does, so `broker start` never fails on one."""
+"""The local broker runner makes cluster ids as Kafka does, so `broker start` never fails on one,
+and runs the Kafka release it is asked for (jars, logging and data dir per release)."""
 
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+
+from streamsched.errors import BrokerError
+from streamsched.ops import broker
 from streamsched.ops.broker import _cluster_id
 
 _ALPHABET = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
@@ -41,3 +48,42 @@ def test_a_leading_dash_or_reserved_id_is_drawn_again() -> None:
 
     assert _cluster_id(fake) == base64.urlsafe_b64encode(good.bytes).decode().rstrip("=")
     assert drawn == [dash, zero, good]
+
+
+# --- Kafka version selection (issue 8.5) -------------------------------------------------------------
+
+def test_the_version_comes_from_the_argument_then_the_variable_then_the_default(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("STREAMSCHED_KAFKA_VERSION", raising=False)
+    assert broker.kafka_version() == broker.KAFKA_VERSION == broker.TESTED_KAFKA_VERSIONS[-1]
+    monkeypatch.setenv("STREAMSCHED_KAFKA_VERSION", "3.9.1")
+    assert broker.kafka_version() == "3.9.1"
+    assert broker.kafka_version("4.4.0") == "4.4.0"
+    with pytest.raises(BrokerError, match="not a Kafka version"):
+        broker.kafka_version("latest")
+    monkeypatch.setenv("STREAMSCHED_CACHE", str(tmp_path))
+    assert broker.cache_dir("4.4.0") == tmp_path / "kafka-4.4.0"  # jars cached per version
+    assert broker.cache_dir() == tmp_path / "kafka-3.9.1"
+
+
+def test_kafka_4_gets_log4j2_and_3_9_keeps_reload4j() -> None:
+    pom4 = broker.pom_for("4.4.0")
+    assert "<version>4.4.0</version>" in pom4 and "log4j-slf4j-impl" in pom4 and "reload4j" not in pom4
+    pom3 = broker.pom_for("3.9.1")
+    assert "slf4j-reload4j" in pom3 and "log4j-slf4j-impl" not in pom3
+    name, text, option = broker.logging_config("4.4.0")
+    assert name == "log4j2.properties" and option.startswith("-Dlog4j2.configurationFile=")
+    assert "${sys:kafka.logs.dir}/server.log" in text
+    name, text, option = broker.logging_config("3.9.1")
+    assert name == "log4j.properties" and option.startswith("-Dlog4j.configuration=")
+
+
+def test_a_data_dir_keeps_the_release_it_was_formatted_with(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text(json.dumps({
+        "cluster_id": "x", "kafka_version": "3.9.1", "bootstrap": "127.0.0.1:1",
+        "nodes": [{"node_id": 1, "port": 1, "controller_port": 2, "data_dir": str(tmp_path / "n")}]}))
+    kept = broker.LocalCluster(data_dir=tmp_path)
+    kept._plan()
+    assert kept.version == "3.9.1"
+    with pytest.raises(BrokerError, match=r"holds a Kafka 3\.9\.1 cluster"):
+        broker.LocalCluster(data_dir=tmp_path, kafka_version="4.4.0")._plan()

@@ -42,7 +42,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
             security = BrokerSecurity.create(data_dir / "security", args.user or (), tls=args.tls)
         elif args.tls or args.user:
             raise ConfigError("--tls and --user need --security sasl")
-        cluster = broker.LocalCluster(data_dir=data_dir, nodes=args.nodes, port=args.port, security=security)
+        cluster = broker.LocalCluster(data_dir=data_dir, nodes=args.nodes, port=args.port, security=security,
+                                      kafka_version=args.kafka_version)
         print(cluster.start())
         if security is not None:
             files = {u: str(security.write_client_file(cluster.bootstrap, u)) for u in security.users}

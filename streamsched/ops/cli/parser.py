@@ -7,6 +7,7 @@ import argparse
 import os
 
 from streamsched.errors import ConfigError
+from streamsched.kafka.version import TESTED_KAFKA_VERSIONS
 from streamsched.ops.acl import HELP as ACL_HELP
 from streamsched.ops.acl import add_acl_arguments
 from streamsched.ops.cli.commands import (
@@ -101,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "CA made for this broker (openssl)")
     b.add_argument("--user", action="append", default=None, metavar="NAME",
                    help="with --security sasl: a SCRAM user created at format time (repeatable)")
+    b.add_argument("--kafka-version", default=None, metavar="X.Y.Z",
+                   help=f"Apache Kafka release to run (env STREAMSCHED_KAFKA_VERSION; default "
+                        f"{TESTED_KAFKA_VERSIONS[-1]}; tested: {', '.join(TESTED_KAFKA_VERSIONS)}); "
+                        "a data dir keeps the release it was formatted with")
     b.set_defaults(fn=cmd_broker)
 
     t = sub.add_parser("topics", help="apply topic definitions idempotently")

@@ -1,0 +1,1 @@
+"""Runnable examples of integrating streamsched (not installed; run them from the checkout)."""
