@@ -3,8 +3,9 @@
 Grammar and daylight-saving rules are documented in :mod:`streamsched.model.specs`. This module
 splits the work between croniter and three small pieces of our own:
 
-* **croniter** (7.x) finds the next and previous *wall times* (naive datetimes) that match the
-  fields. It is handed a canonical expression built from our parsed value sets (comma lists or
+* **croniter** (5.x and 7.x: the faust extra pins <6, so ``make test`` runs on 5.x) finds the
+  next and previous *wall times* (naive datetimes) that match the fields. It is handed a
+  canonical expression built from our parsed value sets (comma lists or
   ``*``) and an explicit day-of-month/day-of-week rule, so its own grammar extensions and quirks
   never apply (its ``v/step`` in the day-of-week field spans 0-6, Vixie's and ours 0-7:
   ``1/3`` is {1, 4} there and {Mon, Thu, Sun} here).
