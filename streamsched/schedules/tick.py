@@ -52,6 +52,7 @@ from streamsched.model.identity import route_key
 from streamsched.model.limits import MAX_HISTORY_ROWS
 from streamsched.model.schedule import Definition, HistoryRow, ScheduleStatus, State, fresh_state
 from streamsched.model.specs import At, plan_catch_up
+from streamsched.schedules.targets import Targets
 from streamsched.wire.avro import get_codec
 from streamsched.wire.schedule import DEFINITION_CODEC, HISTORY_CODEC, STATE_CODEC, occurrence_origin
 
@@ -110,6 +111,8 @@ class PartitionTicker:
         self.feedback: Any = None
         self.feedback_tp: Any = None
         self.wake = asyncio.Event()
+        self.targets = Targets(ticker.metrics, self.p)
+        """Targets this partition cannot write now: their schedules wait (schedules/targets.py)."""
 
     @property
     def producer(self) -> Any:
@@ -180,12 +183,17 @@ class PartitionTicker:
 
     def _sleep_s(self) -> float:
         now = int(self.t.config.clock())
-        upcoming = [s.next_planned_ns for s in self.states.values()
-                    if s.status is ScheduleStatus.ACTIVE and s.next_planned_ns is not None]
+        upcoming = [s.next_planned_ns for name, s in self.states.items()
+                    if s.status is ScheduleStatus.ACTIVE and s.next_planned_ns is not None
+                    and not self._waits(name)]
         if not upcoming:
             return 0.2
         # Wake up LOOKAHEAD before the next boundary to plan it ahead (see _tick).
         return max(0.0, min(0.2, (min(upcoming) - LOOKAHEAD_NS - now) / 1e9))
+
+    def _waits(self, name: str) -> bool:
+        defn = self.defs.get(name)
+        return defn is not None and self.targets.blocked(defn.target_topic)
 
     def _apply_definition(self, rec: Any) -> None:
         key = rec.key.decode("utf-8", "replace") if rec.key else ""
@@ -282,6 +290,8 @@ class PartitionTicker:
                     or st.next_planned_ns > now or fired >= MAX_FIRES_PER_TXN):
                 continue
             defn = self.defs[name]
+            if not await self.targets.writable(self.producer, defn.target_topic):
+                continue  # waits, unchanged, while the others fire (schedules/targets.py)
             plan = plan_catch_up(defn.parsed(), st.anchor_ns, now, policy=defn.policy)
             for planned in plan.fire:
                 occurrence = f"{defn.schedule_id}/{planned}"

@@ -72,16 +72,17 @@ class Rig:
         self.pt = pt
         return pt
 
-    def define(self, name: str, spec: str, *, policy: Policy = "catch_up") -> Definition:
-        defn = Definition(name=name, spec=spec, target_topic=TARGET, payload=b"{}", version=1,
+    def define(self, name: str, spec: str, *, policy: Policy = "catch_up",
+               target: str = TARGET) -> Definition:
+        defn = Definition(name=name, spec=spec, target_topic=target, payload=b"{}", version=1,
                           enabled=True, policy=policy, created_ns=T0)
         rec = self.kafka.produce(self.catalog.definitions_topic, DEFINITION_CODEC.encode(defn.to_record()),
                                  key=name.encode(), partition=0)
         self.pt.inbox.append(rec)
         return defn
 
-    def fired(self) -> list[TransitionEvent]:
-        return [decode_transition(r.value or b"") for r in self.kafka.records(TARGET)]
+    def fired(self, target: str = TARGET) -> list[TransitionEvent]:
+        return [decode_transition(r.value or b"") for r in self.kafka.records(target)]
 
     def durable_state(self, name: str) -> State:
         recs = [r for r in self.kafka.records(self.catalog.state_topic) if r.key == name.encode()]
@@ -235,3 +236,36 @@ async def test_a_fenced_ticker_raises_and_fires_nothing() -> None:
     with pytest.raises(ProducerFenced):
         await pt._tick()
     assert rig.fired() == [] and pt.states == before and not rig.kafka.in_transaction(TID)
+
+
+async def test_a_schedule_whose_target_cannot_be_written_waits_and_the_others_fire() -> None:
+    # Before schedules/targets.py, one such schedule failed every transaction of its partition.
+    rig = Rig()
+    pt = await rig.start()
+    monotonic = [100.0]
+    pt.targets.clock = lambda: monotonic[0]
+    rig.define("good", "@every 1m")
+    rig.define("bad", "@every 1m", target="nowhere")  # no such topic (or no ACL for it)
+    await pt._tick()
+    rig.clock.now = T0 + MINUTE + S
+    await pt._tick()
+    assert [ev.due_ns for ev in rig.fired()] == [T0 + MINUTE]
+    assert rig.durable_state("bad").next_planned_ns == T0 + MINUTE  # waits, unchanged
+    assert pt.targets.waiting.keys() == {"nowhere"}
+    gauges = pt.t.metrics.snapshot()["gauges"]
+    assert gauges["targets_unwritable{partition=0}"] == 1.0
+    # While it waits, it neither busy-loops the tick nor is looked up again before its retry.
+    assert pt._sleep_s() > 0
+
+    rig.clock.now = T0 + 2 * MINUTE + S
+    rig.kafka.create_topic("nowhere", 1)
+    await pt._tick()  # within the retry window: still waiting
+    assert rig.fired("nowhere") == []
+    monotonic[0] += 11
+    rig.clock.now += S
+    await pt._tick()
+    # Both missed boundaries fire (catch_up), after "good" kept firing meanwhile.
+    assert [ev.due_ns for ev in rig.fired("nowhere")] == [T0 + MINUTE, T0 + 2 * MINUTE]
+    assert [ev.due_ns for ev in rig.fired()] == [T0 + MINUTE, T0 + 2 * MINUTE]
+    assert not pt.targets.waiting
+    assert pt.t.metrics.snapshot()["gauges"]["targets_unwritable{partition=0}"] == 0.0

@@ -31,6 +31,7 @@ from streamsched.outbox import Outbox
 from streamsched.outbox.deliver import KafkaDelivery
 from streamsched.schedules.catalog import Catalog
 from streamsched.testing import ROOT, WorkerProcess, make_event, wait_for
+from streamsched.wire.partitioner import partition_for_key
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -170,6 +171,12 @@ async def test_a_ticker_runs_with_exactly_its_planned_acls(ticker_role: TickerRo
     held = await acl.describe(r.admin, "User:ticker")
     assert sorted(a.key() for a in held) == sorted(a.key() for a in r.plan)  # exactly the plan
     await r.catalog.schedule("every-second", "@every 1s", r.target)
+    # A schedule aimed outside the role's targets, on the same catalog partition: it must wait
+    # alone (schedules/targets.py), not stall "every-second" with it.
+    home = partition_for_key(b"every-second", PARTITIONS)
+    stray = next(n for n in (f"stray-{i}" for i in range(1000))
+                 if partition_for_key(n.encode(), PARTITIONS) == home)
+    await r.catalog.schedule(stray, "@every 1s", r.undeclared)
     # One unreadable feedback record per partition: the ticker skips each and commits the
     # feedback offset in its transaction, which needs its group (TxnOffsetCommit) under the ACLs.
     raw = clients.producer(r.admin)
@@ -196,7 +203,12 @@ async def test_a_ticker_runs_with_exactly_its_planned_acls(ticker_role: TickerRo
     finally:
         code = ticker.terminate()
     assert code == 0, ticker.log_tail()
-    assert "AuthorizationFailed" not in log.read_text(errors="replace")
+    text = log.read_text(errors="replace")
+    assert f"schedules aimed at {r.undeclared} wait: the ticker cannot write it (not authorized)" in text
+    assert await read_topic(r.admin, r.undeclared, timeout_s=10) == []
+    # Its own work never hit an authorization failure (aiokafka's metadata log names the stray
+    # topic as "not authorized for this client", which is the lookup above).
+    assert "AuthorizationFailed" not in text
 
 
 @pytest.mark.parametrize("where", ["undeclared topic", "its definitions topic"])
