@@ -221,7 +221,8 @@ class ApplyReport:
         return out
 
 
-async def apply(bootstrap: str, specs: Iterable[TopicSpec], *, visible_timeout_s: float = VISIBLE_TIMEOUT_S,
+async def apply(bootstrap: clients.Conn, specs: Iterable[TopicSpec], *,
+                visible_timeout_s: float = VISIBLE_TIMEOUT_S,
                 allow_drift: bool = False, allow_single_replica: bool = False,
                 **client_options: Any) -> ApplyReport:
     """Create missing topics and verify existing ones; raise :class:`TopicMismatch` on drift.
@@ -345,7 +346,7 @@ def _verify(specs: list[TopicSpec], partitions: dict[str, int], configs: dict[st
     return sorted(found, key=lambda m: m.field in DRIFT_FIELDS)
 
 
-async def partition_count(bootstrap: str, topic: str) -> int:
+async def partition_count(bootstrap: clients.Conn, topic: str) -> int:
 
     admin = clients.admin(bootstrap)
     await admin.start()

@@ -31,7 +31,7 @@ class Lag:
         return sum(max(0, self.end[p] - self.committed.get(p, 0)) for p in self.end)
 
 
-async def group_lag(bootstrap: str, group: str, topic: str) -> Lag:
+async def group_lag(bootstrap: clients.Conn, group: str, topic: str) -> Lag:
     """Committed offsets of ``group`` versus the last stable offsets of ``topic``.
 
     The end is read under read_committed, so trailing transaction markers do not count as lag.
@@ -56,7 +56,7 @@ async def group_lag(bootstrap: str, group: str, topic: str) -> Lag:
         await consumer.stop()
 
 
-async def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 60.0,
+async def read_topic(bootstrap: clients.Conn, topic: str, *, timeout_s: float = 60.0,
                      max_records: int = MAX_READ_RECORDS,
                      read_committed: Literal[True] = True) -> list[Any]:
     """Every record of ``topic`` from the beginning to its current end.
@@ -97,7 +97,7 @@ async def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 60.0,
         await consumer.stop()
 
 
-async def read_partition(bootstrap: str, topic: str, partition: int, *, start: int | None = None,
+async def read_partition(bootstrap: clients.Conn, topic: str, partition: int, *, start: int | None = None,
                          timeout_s: float = 120.0) -> tuple[list[Any], int]:
     """Records of ``topic[partition]`` from ``start`` (default: the beginning) to its last
     stable offset, and that end offset: a changelog restore under read_committed."""

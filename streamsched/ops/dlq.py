@@ -142,7 +142,7 @@ async def _partition_count(admin: Any, topic: str) -> int | None:
     return None
 
 
-def _consumer(bootstrap: str, group: str | None) -> Any:
+def _consumer(bootstrap: clients.Conn, group: str | None) -> Any:
 
     return clients.consumer(bootstrap, group_id=group, max_partition_fetch_bytes=1024 * 1024)
 
@@ -169,7 +169,7 @@ def _check_topic(dlq_topic: str) -> None:
 # list
 
 
-async def list_dead_letters(bootstrap: str, dlq_topic: str, *, limit: int = 100,
+async def list_dead_letters(bootstrap: clients.Conn, dlq_topic: str, *, limit: int = 100,
                             kind: str | None = None) -> list[DeadLetterView]:
     """At most ``limit`` dead letters of ``dlq_topic`` (of ``kind`` if given), oldest first per
     partition, partitions in order. Reads with ``read_committed``; undecodable records come back
@@ -283,7 +283,7 @@ def _replay_value(view: DeadLetterView) -> bytes | None:
     return view.original
 
 
-async def replay(bootstrap: str, dlq_topic: str, *, kinds: set[str] | None = None, limit: int = 1000,
+async def replay(bootstrap: clients.Conn, dlq_topic: str, *, kinds: set[str] | None = None, limit: int = 1000,
                  dry_run: bool = False) -> ReplayReport:
     """Re-produce dead letters of ``dlq_topic`` (of ``kinds``; ``None``: every kind) to their
     source topics, unchanged, at most ``limit`` per call; see the module docs for progress

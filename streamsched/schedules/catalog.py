@@ -106,7 +106,7 @@ def _state(value: bytes) -> State:
 class Catalog:
     """Client of one schedule catalog (see module docs)."""
 
-    def __init__(self, bootstrap: str, name: str = "default", *, partitions: int = 4,
+    def __init__(self, bootstrap: clients.Conn, name: str = "default", *, partitions: int = 4,
                  replication: int | None = None, allow_single_replica: bool = False) -> None:
         self.bootstrap = bootstrap
         self.name = validate_name(name, "catalog")

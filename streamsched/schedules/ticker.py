@@ -31,7 +31,7 @@ __all__ = ["LOOKAHEAD_NS", "MAX_FIRES_PER_TXN", "PartitionTicker", "Ticker", "Ti
 class TickerConfig:
     """Connection, liveness and clock of one ticker process (``clock`` is replaceable in tests)."""
 
-    bootstrap: str
+    bootstrap: clients.Conn
     owner: str = "ticker"
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000

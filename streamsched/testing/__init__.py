@@ -50,7 +50,7 @@ async def wait_for(cond: Callable[[], Awaitable[bool]], *, timeout: float, inter
         await asyncio.sleep(interval)
 
 
-async def wait_drained(bootstrap: str, group: str, topic: str, *, timeout: float = 120.0) -> None:
+async def wait_drained(bootstrap: clients.Conn, group: str, topic: str, *, timeout: float = 120.0) -> None:
     """Until ``group`` has committed all of ``topic`` and of its scheduler's delay topic (work
     parked for a retry, a lease or a future due time is not done until it comes back)."""
     delay = None

@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from streamsched.errors import StreamschedError
+from streamsched.kafka import clients
 from streamsched.kafka.writer import partition_for_key
 from streamsched.metrics import Metrics
 from streamsched.model.claims import Outcome, OutcomeKind
@@ -39,7 +40,7 @@ Lookup = Callable[[str], Awaitable[int]]
 """Partition count of an existing topic; raises (anything) when it is missing or unreadable."""
 
 
-def admin_lookup(bootstrap: str) -> Lookup | None:
+def admin_lookup(bootstrap: clients.Conn) -> Lookup | None:
     """The default lookup: one admin request per topic (None without a bootstrap: never found)."""
     if not bootstrap:
         return None

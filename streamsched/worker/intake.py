@@ -54,7 +54,7 @@ OFFSET_LOOKUP_S = 30.0
 class WorkerConfig:
     """Connection and liveness settings of one worker process."""
 
-    bootstrap: str
+    bootstrap: clients.Conn
     owner: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
@@ -421,7 +421,7 @@ class Worker:
                 self.stores.close()
 
 
-def worker_config_from_env(bootstrap: str | None = None, **overrides: Any) -> WorkerConfig:
+def worker_config_from_env(bootstrap: clients.Conn | None = None, **overrides: Any) -> WorkerConfig:
     bs = bootstrap or os.environ.get("STREAMSCHED_BOOTSTRAP")
     if not bs:
         raise ConfigError("no bootstrap servers: pass --bootstrap or set STREAMSCHED_BOOTSTRAP")

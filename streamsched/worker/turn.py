@@ -91,6 +91,7 @@ from typing import Any
 
 from streamsched import failpoints
 from streamsched.errors import StreamschedError
+from streamsched.kafka import clients
 from streamsched.kafka.writer import GroupedWriter
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
@@ -145,7 +146,7 @@ class TurnRunner:
     def __init__(self, scheduler: SchedulerDef, partition: int, producer: Any, state: StateBase,
                  *, owner: str, metrics: Metrics, clock: Callable[[], int] = time.time_ns,
                  retry: RetryPolicy | None = None, commit_interval_s: float = 0.1,
-                 bootstrap: str = "", partitions: int | None = None,
+                 bootstrap: clients.Conn = "", partitions: int | None = None,
                  feedback_lookup: Lookup | None = None, claim_first: bool | None = None) -> None:
         """``partitions``: the transition topic's partition count (asked of the producer's
         metadata before the first batch when not given). ``feedback_lookup``: how a schedule

@@ -13,7 +13,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -143,8 +142,7 @@ async def ticker_role(secure: LocalCluster) -> AsyncIterator[TickerRole]:
     ns = uuid.uuid4().hex[:6]
     name, target, undeclared = f"acl{ns}", f"ticks-{ns}", f"undeclared-t-{ns}"
     admin = secure.connection()
-    operator: Any = admin  # Catalog still annotates its connection as a bootstrap string
-    catalog = Catalog(operator, name, partitions=PARTITIONS)
+    catalog = Catalog(admin, name, partitions=PARTITIONS)
     await catalog.ensure_topics()  # the operator's job: the ticker has no CREATE
     await apply(admin, [TopicSpec(target, 2, 1, "transition"), TopicSpec(undeclared, 1, 1, "output")])
     admin_file = secure.security.write_client_file(secure.bootstrap, "admin")

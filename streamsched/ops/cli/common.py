@@ -15,20 +15,21 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamsched.errors import ConfigError, StreamschedError
+
+if TYPE_CHECKING:
+    from streamsched.kafka.clients import Connection
 
 DEFAULT_DATA_DIR = Path(".streamsched/broker")
 _early_stop: list[int] = []
 """Signals received before a worker's event loop took them over (see main)."""
 
 
-def connect(args: argparse.Namespace) -> Any:
+def connect(args: argparse.Namespace) -> Connection:
     """The command's :class:`~streamsched.kafka.clients.Connection` from its connection flags,
-    STREAMSCHED_* variables and --config file (:mod:`streamsched.ops.config`). Typed ``Any``
-    because some APIs still annotate a ``bootstrap: str`` although every one hands it to
-    :func:`streamsched.kafka.clients.connection`, which takes both."""
+    STREAMSCHED_* variables and --config file (:mod:`streamsched.ops.config`)."""
     from streamsched.ops.config import resolve_connection
 
     return resolve_connection(args)
