@@ -427,3 +427,19 @@ def admin(conn: Conn, **options: Any) -> Any:
     built = _admin_class()(**{**c.for_client("admin"), **options})
     built._streamsched_conn = c
     return built
+
+
+def forget_topic(producer: Any, topic: str) -> None:
+    """Stop refreshing ``topic`` in ``producer``'s metadata.
+
+    aiokafka keeps every topic it was ever asked about (``partitions_for``, a send) and asks for
+    it again every :data:`METADATA_MAX_AGE_MS`, logging an ERROR each time for a topic this
+    principal may not describe. A caller that found a topic unusable and will look it up again
+    later itself (the ticker's targets) drops it here. aiokafka 0.14 has no public call for this:
+    its client's topic set is replaced (an empty set would mean "every topic", so the last topic
+    is kept).
+    """
+    client = getattr(producer, "client", None)
+    topics = getattr(client, "_topics", None)
+    if isinstance(topics, set) and topic in topics and len(topics) > 1:
+        client._topics = topics - {topic}  # type: ignore[union-attr]

@@ -11,8 +11,10 @@ transaction). A target whose lookup fails (``TopicAuthorizationFailedError``: no
 unknown topic; no answer within :data:`CHECK_S`) makes only the schedules aimed at it wait: they
 are not fired, not advanced and not reset, so when the target becomes writable their missed
 boundaries fire under their catch-up policy like after any downtime. The target is looked up again
-every :data:`RETRY_S`; the gauge ``targets_unwritable{partition}`` counts the waiting targets and
-one log line names each target when it starts and stops waiting.
+every :data:`RETRY_S`, by an admin request (the producer forgets it: aiokafka would otherwise ask
+for it on every metadata refresh and log an ERROR each time); the gauge
+``targets_unwritable{partition}`` counts the waiting targets and one log line names each target
+when it starts and stops waiting.
 
 A role that may Describe a target but not Write it still fails the transaction (the broker refuses
 the produce); ``streamsched acl plan --role ticker`` always grants both together.
@@ -23,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from streamsched.kafka import clients
 from streamsched.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -44,9 +47,13 @@ class Targets:
     """The target topics of one ticker partition that cannot be written now."""
 
     def __init__(self, metrics: Metrics, partition: int, *,
+                 probe: Callable[[str], Awaitable[int]] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.metrics = metrics
         self.partition = partition
+        self.probe = probe
+        """How a waiting target is looked up again (its partition count, from an admin client): not
+        through the producer, whose metadata refresh would log an ERROR for it every few seconds."""
         self.clock = clock
         self.waiting: dict[str, float] = {}
         """Target topic -> when it is looked up again (monotonic seconds)."""
@@ -60,10 +67,17 @@ class Targets:
         """Whether occurrences for ``topic`` may be written now (see the module docs)."""
         if self.blocked(topic):
             return False
+        if topic in self.waiting and self.probe is not None:
+            try:
+                if not await asyncio.wait_for(self.probe(topic), CHECK_S):
+                    return self._wait(topic, "it has no partitions")
+            except Exception as exc:  # noqa: BLE001 - any failed lookup means "not now"
+                return self._wait(topic, _why(exc))
         try:
             # The producer's cached metadata answers at once for a topic it already knows.
             partitions = await asyncio.wait_for(producer.partitions_for(topic), CHECK_S)
         except Exception as exc:  # noqa: BLE001 - any failed lookup means "not now"
+            clients.forget_topic(producer, topic)  # no metadata ERROR line every few seconds
             return self._wait(topic, _why(exc))
         if not partitions:
             return self._wait(topic, "it has no partitions")
@@ -93,6 +107,8 @@ def _why(exc: BaseException) -> str:
         return "not authorized"
     if "UnknownTopic" in name:
         return "no such topic"
+    if name == "ConfigError":  # the admin lookup cannot tell the two apart
+        return "no such topic, or not authorized"
     if isinstance(exc, TimeoutError):
         return f"no metadata within {CHECK_S:g} s"
     return name

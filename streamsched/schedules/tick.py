@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from streamsched import failpoints
 from streamsched.errors import DecodeError, InvalidSpec
 from streamsched.kafka import clients
+from streamsched.kafka.admin import partition_count
 from streamsched.kafka.owner import PartitionOwner
 from streamsched.kafka.reads import read_partition
 from streamsched.kafka.writer import GroupedWriter
@@ -111,7 +112,8 @@ class PartitionTicker:
         self.feedback: Any = None
         self.feedback_tp: Any = None
         self.wake = asyncio.Event()
-        self.targets = Targets(ticker.metrics, self.p)
+        self.targets = Targets(ticker.metrics, self.p,
+                               probe=lambda topic: partition_count(ticker.config.bootstrap, topic))
         """Targets this partition cannot write now: their schedules wait (schedules/targets.py)."""
 
     @property

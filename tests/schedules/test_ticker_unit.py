@@ -244,6 +244,13 @@ async def test_a_schedule_whose_target_cannot_be_written_waits_and_the_others_fi
     pt = await rig.start()
     monotonic = [100.0]
     pt.targets.clock = lambda: monotonic[0]
+    probed: list[str] = []
+
+    async def probe(topic: str) -> int:  # the admin lookup, on the fake cluster
+        probed.append(topic)
+        return rig.kafka.partitions(topic)
+
+    pt.targets.probe = probe
     rig.define("good", "@every 1m")
     rig.define("bad", "@every 1m", target="nowhere")  # no such topic (or no ACL for it)
     await pt._tick()
@@ -268,4 +275,5 @@ async def test_a_schedule_whose_target_cannot_be_written_waits_and_the_others_fi
     assert [ev.due_ns for ev in rig.fired("nowhere")] == [T0 + MINUTE, T0 + 2 * MINUTE]
     assert [ev.due_ns for ev in rig.fired()] == [T0 + MINUTE, T0 + 2 * MINUTE]
     assert not pt.targets.waiting
+    assert probed == ["nowhere"]  # a waiting target is looked up again by the probe, once per retry
     assert pt.t.metrics.snapshot()["gauges"]["targets_unwritable{partition=0}"] == 0.0
