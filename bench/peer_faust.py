@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import signal
@@ -52,7 +51,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +60,15 @@ sys.path.insert(0, str(ROOT))
 from bench.turns import (  # noqa: E402
     PARTITIONS,
     POLL_S,
-    WINDOW,
     Context,
     Measured,
     Offsets,
     Proc,
-    cpu_s,
     find_broker_pid,
     input_topic,
     load_avg,
     log,
+    measure,
     med,
     start_worker,
     tag,
@@ -117,78 +114,27 @@ def start_faust(ctx: Context, topic: str, app_id: str, guarantee: str, commit_in
         out.close()
 
 
-async def run_faust(ctx: Context, kind: str, topic: str, total: int, commit_interval: float) -> Stepped:
+async def run_faust(ctx: Context, kind: str, topic: str, total: int, commit_interval: float) -> Measured:
     app_id = f"pf-{kind[6:]}-{tag()}"
     proc = start_faust(ctx, topic, app_id, GUARANTEES[kind], commit_interval)
-    return await measure(ctx.offsets, proc, app_id, topic, total, ctx.broker_pid, timeout_s=total / 50 + 180)
+    try:
+        return await measure(ctx.offsets, proc, app_id, topic, total, ctx.broker_pid,
+                             timeout_s=total / 50 + 180, changes_only=True)
+    except (RuntimeError, TimeoutError) as exc:
+        # The log lives in a temporary directory: say what the contender said before it goes.
+        tail = (ctx.logdir / f"{app_id}.log").read_text(errors="replace").splitlines()[-25:]
+        raise RuntimeError(f"{exc}; the Faust contender's last lines:\n" + "\n".join(tail)) from exc
 
 
-async def run_streamsched(ctx: Context, topic: str, total: int) -> Stepped:
+async def run_streamsched(ctx: Context, topic: str, total: int) -> Measured:
     name = f"pfs{tag()}"
     proc = start_worker(ctx.bootstrap, ctx.logdir, "external", topic, name, "bench-out",
                         ctx.commit_interval_s)
     return await measure(ctx.offsets, proc, f"streamsched.{name}", topic, total, ctx.broker_pid,
-                         timeout_s=total / 100 + 180)
+                         timeout_s=total / 100 + 180, changes_only=True)
 
 
 # --- measuring from outside, between commits ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Stepped:
-    measured: Measured
-    steps: int  # commits seen inside the 10 %-90 % window: how finely the rate is resolved
-
-
-async def measure(offsets: Offsets, proc: Proc, group: str, topic: str, total: int, broker_pid: int | None,
-                  *, timeout_s: float) -> Stepped:
-    """bench/turns.py's ``measure``, interpolating between *commits* rather than between polls.
-
-    Faust at least once commits only after flushing its producer buffer, which took seconds per
-    commit here ("Timer commit is overlapping"): the committed offsets move in a few large steps,
-    and a window interpolated between 25 ms polls would put a whole step into one poll (a rate of
-    hundreds of thousands per second). Progress is taken as linear between the moments the
-    committed offsets changed, which is the same thing for a worker committing every 0.1 s.
-    """
-    points: list[tuple[float, int, float, float]] = []  # (time, committed, cpu, broker cpu) per change
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            done = await offsets.committed(group, topic)
-            c, b = cpu_s(proc.pid), cpu_s(broker_pid)
-            if not points or done != points[-1][1]:
-                prev = points[-1] if points else (0.0, 0, 0.0, 0.0)
-                points.append((time.perf_counter(), done, c or prev[2], b or prev[3]))
-            if done >= total:
-                break
-            if not proc.alive():
-                code = proc.finish()
-                if code != 0:
-                    raise RuntimeError(f"contender pid {proc.pid} exited with {code} at {done}/{total}")
-                deadline = min(deadline, time.monotonic() + 10)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"contender committed {done}/{total} in {timeout_s:.0f}s")
-            await asyncio.sleep(POLL_S)
-    finally:
-        code = proc.finish()
-        if code not in (0, None):
-            log(f"contender pid {proc.pid} exited with {code}")
-
-    def at(target: float) -> tuple[float, float, float]:
-        for (t0, d0, c0, b0), (t1, d1, c1, b1) in itertools.pairwise(points):
-            if d1 >= target:
-                f = (target - d0) / (d1 - d0) if d1 > d0 else 1.0
-                return t0 + f * (t1 - t0), c0 + f * (c1 - c0), b0 + f * (b1 - b0)
-        t, _, c, b = points[-1]
-        return t, c, b
-
-    lo, hi = WINDOW[0] * total, WINDOW[1] * total
-    (t_lo, c_lo, b_lo), (t_hi, c_hi, b_hi) = at(lo), at(hi)
-    items = hi - lo
-    steps = sum(1 for _, d, _, _ in points if lo < d <= hi) + 1
-    return Stepped(Measured(per_s=items / max(t_hi - t_lo, 1e-9),
-                            cpu_ms_per_item=(c_hi - c_lo) * 1000 / items,
-                            broker_cpu_ms_per_item=(b_hi - b_lo) * 1000 / items), steps)
 
 
 # --- the crash check ------------------------------------------------------------------------------
@@ -296,19 +242,18 @@ async def main(bootstrap: str, broker_pid: int | None, args: argparse.Namespace,
         for kind in GUARANTEES:
             await run_faust(ctx, kind, warm, args.warmup, fci)
 
-        res: dict[str, list[Stepped]] = {"streamsched": [], "faust_eos": [], "faust_alo": []}
+        res: dict[str, list[Measured]] = {"streamsched": [], "faust_eos": [], "faust_alo": []}
         for r in range(rounds):
             res["streamsched"].append(await run_streamsched(ctx, main_topic, records))
             for kind in GUARANTEES:
                 res[kind].append(await run_faust(ctx, kind, main_topic, records, fci))
-            log(f"round {r + 1}: " + ", ".join(f"{k} {v[-1].measured.per_s:.0f}/s ({v[-1].steps} commits)"
+            log(f"round {r + 1}: " + ", ".join(f"{k} {v[-1].per_s:.0f}/s ({v[-1].steps} commits)"
                                               for k, v in res.items())
                 + f" load={load_avg()}")
 
-        for k, stepped in res.items():
-            ms = [x.measured for x in stepped]
+        for k, ms in res.items():
             out[f"{k}_per_s"], out[f"{k}_per_s_range"] = med([m.per_s for m in ms])
-            out[f"{k}_window_commits"] = [x.steps for x in stepped]
+            out[f"{k}_window_commits"] = [m.steps for m in ms]
             out[f"{k}_cpu_ms_per_item"], _ = med([m.cpu_ms_per_item for m in ms], 4)
             out[f"{k}_broker_cpu_ms_per_item"], _ = med([m.broker_cpu_ms_per_item for m in ms], 4)
             if statistics.median(out[f"{k}_window_commits"]) < MIN_WINDOW_COMMITS:
