@@ -314,7 +314,9 @@ def role_faust(args: argparse.Namespace) -> None:
             # the effect: a no-op, as streamsched's external bench command
             claims[identity] = "done"  # the outcome
 
-    sys.argv = [sys.argv[0], "worker", "-l", "warn"]
+    # `faust worker` turns the web server on whatever web_enabled says: two contenders (or a
+    # test's Faust app) would fight over port 6066.
+    sys.argv = [sys.argv[0], "worker", "--without-web", "-l", "warn"]
     app.main()
 
 

@@ -56,7 +56,7 @@ def _start_faust(bootstrap: str, namespace: str, guarantee: str, tmp_path: Path)
     log = open(tmp_path / "faust.log", "ab")  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen([sys.executable, str(ROOT / "examples" / "faust_emitter.py"), "worker",
-                                 "-l", "info"], cwd=str(tmp_path), env=env, stdout=log,
+                                 "--without-web", "-l", "info"], cwd=str(tmp_path), env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     finally:
         log.close()
