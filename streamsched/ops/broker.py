@@ -87,6 +87,10 @@ class NodeSpec:
         return f"127.0.0.1:{self.port}"
 
 
+NO_QUORUM_STOP_S = 3.0
+"""How long a node without a controller quorum gets to stop before SIGKILL (see LocalCluster.stop)."""
+
+
 @dataclass
 class LocalCluster:
     """N combined broker+controller nodes on loopback, each a JVM child process.
@@ -304,8 +308,15 @@ class LocalCluster:
                 proc.wait(timeout=60)
 
     def stop(self, *, timeout: float = 30.0) -> None:
-        for spec in self.specs:
-            stop_pid_file(spec.data_dir / "pid", timeout=timeout)
+        """Stop the nodes one by one: SIGTERM (a controlled shutdown), SIGKILL past ``timeout``.
+
+        A node's controlled shutdown needs a controller quorum; once the nodes still running are
+        fewer than a majority (the last of three), it can only wait out its timeout, so those
+        get :data:`NO_QUORUM_STOP_S` (measured: a three-node teardown took 33 s, now 6)."""
+        quorum = len(self.specs) // 2 + 1
+        for i, spec in enumerate(self.specs):
+            running = len(self.specs) - i
+            stop_pid_file(spec.data_dir / "pid", timeout=timeout if running >= quorum else NO_QUORUM_STOP_S)
         self.procs.clear()
 
     def __enter__(self) -> LocalCluster:
