@@ -88,6 +88,13 @@ class Producer:
         self._conn = clients.connection(conn)
         self._options = options
         self._producer: Any = None
+        self._submitting = asyncio.Lock()
+        """One ``send_many`` submits its batches at a time. aiokafka's accumulator makes a batch
+        for a partition wait for the previous one to drain, and its wait deducts the elapsed time
+        once per loop turn: many concurrent callers on the same partitions then end in a spurious
+        ``KafkaTimeoutError`` (seen in bench/turns.py's latency phase: sends every 5 ms at ~3,300
+        events/s). Waiting here has no such deadline; acknowledgements are still awaited
+        concurrently."""
         self._partitions: dict[str, int] = {}
 
     @property
@@ -166,19 +173,20 @@ class Producer:
         Members = list[tuple[int, int, int]]
         submitted: list[tuple[asyncio.Future[Any], Members]] = []
         try:
-            for partition, indices in by_partition.items():
-                batch = producer.create_batch()
-                members: Members = []
-                for i in indices:
-                    key, value = encoded[i]
-                    meta = batch.append(key=key, value=value, timestamp=None, headers=[])
-                    if meta is None:  # full: submit it and start the next (a first record always fits)
-                        submitted.append((await producer.send_batch(batch, topic, partition=partition),
-                                          members))
-                        batch, members = producer.create_batch(), []
+            async with self._submitting:
+                for partition, indices in by_partition.items():
+                    batch = producer.create_batch()
+                    members: Members = []
+                    for i in indices:
+                        key, value = encoded[i]
                         meta = batch.append(key=key, value=value, timestamp=None, headers=[])
-                    members.append((i, meta.offset, meta.timestamp))
-                submitted.append((await producer.send_batch(batch, topic, partition=partition), members))
+                        if meta is None:  # full: submit it and start the next (a first record always fits)
+                            submitted.append((await producer.send_batch(batch, topic, partition=partition),
+                                              members))
+                            batch, members = producer.create_batch(), []
+                            meta = batch.append(key=key, value=value, timestamp=None, headers=[])
+                        members.append((i, meta.offset, meta.timestamp))
+                    submitted.append((await producer.send_batch(batch, topic, partition=partition), members))
         finally:
             # Even when submitting fails, wait for what was submitted so no error goes unobserved.
             results = await asyncio.gather(*(f for f, _ in submitted), return_exceptions=True)
