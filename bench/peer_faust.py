@@ -49,7 +49,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -64,12 +63,12 @@ from bench.turns import (  # noqa: E402
     Measured,
     Offsets,
     Proc,
-    find_broker_pid,
     input_topic,
     load_avg,
     log,
     measure,
     med,
+    run_on_broker,
     start_worker,
     tag,
 )
@@ -348,21 +347,7 @@ def cli() -> None:
         return
     if args.quick:
         args.records, args.rounds, args.warmup, args.kill_rounds = 5000, 1, 1000, 1
-    with tempfile.TemporaryDirectory(prefix="streamsched-peer-faust-") as tmp:
-        logdir = Path(tmp)
-        if args.bootstrap:
-            pid = args.broker_pid or find_broker_pid(args.bootstrap)
-            result = asyncio.run(main(args.bootstrap, pid, args, logdir))
-        else:
-            from streamsched.ops.broker import LocalCluster
-
-            cluster = LocalCluster(data_dir=logdir / "broker")
-            try:
-                bootstrap = cluster.start()
-                result = asyncio.run(main(bootstrap, cluster.procs[1].pid, args, logdir))
-            finally:
-                cluster.stop()
-    print(json.dumps(result))
+    print(json.dumps(run_on_broker(main, args, prefix="streamsched-peer-faust-")))
 
 
 if __name__ == "__main__":

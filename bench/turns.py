@@ -62,6 +62,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -727,21 +728,26 @@ def cli() -> None:
         return
     if args.quick:
         args.records, args.rounds, args.warmup, args.latency_seconds = 10_000, 1, 2000, 4.0
-    with tempfile.TemporaryDirectory(prefix="streamsched-bench-") as tmp:
+    print(json.dumps(run_on_broker(main, args, prefix="streamsched-bench-")))
+
+
+def run_on_broker(main: Callable[[str, int | None, argparse.Namespace, Path], Coroutine[Any, Any, Any]],
+                  args: argparse.Namespace, *, prefix: str) -> Any:
+    """``main(bootstrap, broker_pid, args, logdir)`` on ``--bootstrap``, else on a fresh local
+    broker started (and stopped) here; logdir is a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         logdir = Path(tmp)
         if args.bootstrap:
             pid = args.broker_pid or find_broker_pid(args.bootstrap)
-            result = asyncio.run(main(args.bootstrap, pid, args, logdir))
-        else:
-            from streamsched.ops.broker import LocalCluster
+            return asyncio.run(main(args.bootstrap, pid, args, logdir))
+        from streamsched.ops.broker import LocalCluster
 
-            cluster = LocalCluster(data_dir=logdir / "broker")
-            try:
-                bootstrap = cluster.start()
-                result = asyncio.run(main(bootstrap, cluster.procs[1].pid, args, logdir))
-            finally:
-                cluster.stop()
-    print(json.dumps(result))
+        cluster = LocalCluster(data_dir=logdir / "broker")
+        try:
+            bootstrap = cluster.start()
+            return asyncio.run(main(bootstrap, cluster.procs[1].pid, args, logdir))
+        finally:
+            cluster.stop()
 
 
 if __name__ == "__main__":

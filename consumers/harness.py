@@ -110,6 +110,13 @@ FAST_FAILOVER_ENV = {
 """Worker settings for tests that kill or pause a worker: short leases and sessions, so the
 survivor takes over within seconds."""
 
+CRASH_ENV = {
+    **FAST_FAILOVER_ENV,
+    # Offsets in every transaction, so a failpoint such as "after_commit:2" lands mid-stream.
+    "STREAMSCHED_COMMIT_INTERVAL_S": "0",
+}
+"""Worker settings of the crash tests: fast failover, and offsets committed with every batch."""
+
 
 async def seeded_workflow(bootstrap: str, kind: str, tag: str, ledger_dir: Path, *, partitions: int,
                           unique: int, duplicates: int,

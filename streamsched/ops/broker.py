@@ -326,6 +326,14 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    async def __aenter__(self) -> LocalCluster:
+        # Starting and stopping JVMs blocks for seconds: off the event loop.
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.stop)
+
 
 def _java() -> str:
     home = os.environ.get("JAVA_HOME")

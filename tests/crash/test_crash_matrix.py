@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from consumers.harness import (
-    FAST_FAILOVER_ENV,
+    CRASH_ENV,
     audit,
     seeded_workflow,
     unresolved_below_commit,
@@ -25,12 +25,6 @@ from streamsched.testing import WorkerProcess, wait_drained
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 
-WORKER_ENV = {
-    **FAST_FAILOVER_ENV,
-    # Offsets in every transaction, so "after_commit:2" lands mid-stream, not after the end.
-    "STREAMSCHED_COMMIT_INTERVAL_S": "0",
-}
-
 
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("kind", ["due_runs", "pipelines"])
@@ -38,7 +32,7 @@ async def test_crash_at_failpoint(bootstrap: str, tmp_path: Path, kind: str, poi
     wf, events = await seeded_workflow(bootstrap, kind, "crash", tmp_path, partitions=2,
                                        unique=24, duplicates=16, noise=4)
 
-    env = {**WORKER_ENV, **wf.env}
+    env = {**CRASH_ENV, **wf.env}
     doomed = WorkerProcess(wf.app_ref, bootstrap, env={**env, "STREAMSCHED_FAILPOINT": f"{point}:2"},
                            log_path=tmp_path / "doomed.log").start()
     code = await doomed.wait_exit(timeout=90)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from consumers.harness import (
-    FAST_FAILOVER_ENV,
+    CRASH_ENV,
     audit,
     seeded_workflow,
     unresolved_below_commit,
@@ -24,11 +24,6 @@ from streamsched.kafka.reads import group_lag, read_topic
 from streamsched.testing import WorkerProcess, wait_drained
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
-
-WORKER_ENV = {
-    **FAST_FAILOVER_ENV,
-    "STREAMSCHED_COMMIT_INTERVAL_S": "0",
-}
 
 
 def final_metrics(log: Path) -> dict[str, Any]:
@@ -44,7 +39,7 @@ def final_metrics(log: Path) -> dict[str, Any]:
 async def test_restart_from_local_store_reads_only_the_tail(bootstrap: str, tmp_path: Path) -> None:
     wf, events = await seeded_workflow(bootstrap, "due_runs", "store", tmp_path, partitions=2,
                                        unique=120, duplicates=40, noise=4)
-    env = {**WORKER_ENV, **wf.env, "STREAMSCHED_STORE_DIR": str(tmp_path / "stores")}
+    env = {**CRASH_ENV, **wf.env, "STREAMSCHED_STORE_DIR": str(tmp_path / "stores")}
 
     doomed = WorkerProcess(wf.app_ref, bootstrap, env={**env, "STREAMSCHED_FAILPOINT": "after_effect:70"},
                            log_path=tmp_path / "doomed.log").start()

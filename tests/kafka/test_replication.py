@@ -131,12 +131,8 @@ def test_topics_apply_refuses_drift_in_one_line_and_reports_it_when_allowed(
 
 @pytest.fixture(scope="module")
 async def cluster2(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
-    cluster = LocalCluster(data_dir=tmp_path_factory.mktemp("rf2"), nodes=2)
-    await asyncio.to_thread(cluster.start)
-    try:
+    async with LocalCluster(data_dir=tmp_path_factory.mktemp("rf2"), nodes=2) as cluster:
         yield cluster
-    finally:
-        await asyncio.to_thread(cluster.stop)
 
 
 @pytest.mark.kafka

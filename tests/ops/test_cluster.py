@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import uuid
 from collections.abc import AsyncIterator
@@ -19,12 +18,8 @@ pytestmark = pytest.mark.kafka
 
 @pytest.fixture(scope="module")
 async def cluster3(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
-    cluster = LocalCluster(data_dir=tmp_path_factory.mktemp("c3"), nodes=3)
-    await asyncio.to_thread(cluster.start)
-    try:
+    async with LocalCluster(data_dir=tmp_path_factory.mktemp("c3"), nodes=3) as cluster:
         yield cluster
-    finally:
-        await asyncio.to_thread(cluster.stop)
 
 
 async def test_fresh_applies_on_three_nodes_never_report_false_drift(cluster3: LocalCluster) -> None:

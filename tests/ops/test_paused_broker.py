@@ -44,15 +44,13 @@ stalled partitions for 227 s."""
 async def cluster3(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
     # Kafka's preferred-leader election, every 5 s instead of 300 s: after a pause, leaders move
     # away and soon back, behind every client's cached metadata.
-    cluster = LocalCluster(data_dir=tmp_path_factory.mktemp("paused"), nodes=3,
-                           extra_config={"leader.imbalance.check.interval.seconds": "5"})
-    await asyncio.to_thread(cluster.start)
-    try:
-        yield cluster
-    finally:
-        for node in cluster.procs:
-            cluster.kill_node(node, signal.SIGCONT)  # never leave a stopped JVM behind
-        await asyncio.to_thread(cluster.stop)
+    async with LocalCluster(data_dir=tmp_path_factory.mktemp("paused"), nodes=3,
+                            extra_config={"leader.imbalance.check.interval.seconds": "5"}) as cluster:
+        try:
+            yield cluster
+        finally:
+            for node in cluster.procs:
+                cluster.kill_node(node, signal.SIGCONT)  # never leave a stopped JVM behind
 
 
 async def _leaders(bootstrap: str, topic: str, **options: Any) -> dict[int, int]:

@@ -40,3 +40,15 @@ def avro_values(name: str, *, text: st.SearchStrategy[str] = TEXT,
         return leaves[kind]
 
     return values(schema)
+
+
+def zigzag(n: int) -> bytes:
+    """Avro's varint of ``n`` (zig-zag, 7 bits per byte); an ``n`` outside int64 is written as its
+    raw magnitude, so tests can build over-long encodings the decoders must refuse."""
+    z = (n << 1) ^ (n >> 63) if -(2**63) <= n < 2**63 else n
+    out = bytearray()
+    while z & ~0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from avro_strategies import avro_values
+from avro_strategies import avro_values, zigzag
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,15 +20,6 @@ from streamsched.wire.avro import MAGIC, SCHEMA_IDS, AvroCodec, get_codec
 NAMES = sorted(SCHEMA_IDS, key=SCHEMA_IDS.__getitem__)
 DIFF = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-
-def _zigzag(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z & ~0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 def both(codec: AvroCodec, data: bytes) -> tuple[Any, Any]:
@@ -53,7 +44,7 @@ def defective(draw: st.DrawFn, name: str) -> bytes:
         elif op == "delete":
             del data[pos:pos + draw(st.integers(1, 4))]
         elif op == "splice":
-            data[pos:pos] = _zigzag(draw(st.sampled_from([-1, -2, 2**31, -(2**31) - 1, 2**62, -(2**63)])))
+            data[pos:pos] = zigzag(draw(st.sampled_from([-1, -2, 2**31, -(2**31) - 1, 2**62, -(2**63)])))
         else:
             del data[pos:]
     return bytes(data)

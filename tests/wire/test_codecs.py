@@ -18,7 +18,7 @@ from typing import Any
 import avro.io
 import avro.schema
 import pytest
-from avro_strategies import INT64, avro_values
+from avro_strategies import INT64, avro_values, zigzag
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -121,15 +121,6 @@ SAMPLES: dict[str, dict[str, Any]] = {
     },
 }
 
-
-def _zigzag(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z & ~0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 def _reason(call: Callable[[], object]) -> str:
@@ -438,8 +429,8 @@ def test_decode_reasons() -> None:
 def test_decode_rejects_invalid_utf8() -> None:
     good = get_codec("dead_letter").encode(SAMPLES["dead_letter"])
     kind = SAMPLES["dead_letter"]["kind"].encode()
-    assert good[2:].startswith(_zigzag(len(kind)) + kind)
-    data = good[:2] + _zigzag(2) + b"\xff\xfe" + good[3 + len(kind) :]
+    assert good[2:].startswith(zigzag(len(kind)) + kind)
+    data = good[:2] + zigzag(2) + b"\xff\xfe" + good[3 + len(kind) :]
     assert _reason(lambda: get_codec("dead_letter").decode(data)) == "invalid utf-8"
 
 
@@ -450,7 +441,7 @@ def test_decode_rejects_encodings_fastavro_would_silently_accept() -> None:
     enabled_at = good.index(b"\x01\x02")  # enabled=True, then policy index 1 (COALESCE)
     bad_bool = good[:enabled_at] + b"\x02" + good[enabled_at + 1 :]
     assert _reason(lambda: sd.decode(bad_bool)) == "non-canonical encoding"
-    neg_enum = good[: enabled_at + 1] + _zigzag(-1) + good[enabled_at + 2 :]
+    neg_enum = good[: enabled_at + 1] + zigzag(-1) + good[enabled_at + 2 :]
     assert _reason(lambda: sd.decode(neg_enum)) == "non-canonical encoding"
 
     ss = get_codec("schedule_state")
@@ -462,22 +453,22 @@ def test_decode_rejects_encodings_fastavro_would_silently_accept() -> None:
     at = good.index(tail, len(b"\xa5\x05\x0enightly"))
     head, rest = good[:at], good[at + len(tail):]
     # Branch index -1 is Python's "last branch" (long) to fastavro.
-    neg_union = head + b"\x08" + _zigzag(-1) + _zigzag(10) + tail[2:] + rest
+    neg_union = head + b"\x08" + zigzag(-1) + zigzag(10) + tail[2:] + rest
     assert _reason(lambda: ss.decode(neg_union)) == "non-canonical encoding"
     overlong = head + b"\x88\x00" + tail[1:] + rest
     assert _reason(lambda: ss.decode(overlong)) == "non-canonical encoding"
 
     hist = get_codec("history")
     good = hist.encode(SAMPLES["history"])
-    attempt = _zigzag(SAMPLES["history"]["planned_ns"]) + _zigzag(1)
+    attempt = zigzag(SAMPLES["history"]["planned_ns"]) + zigzag(1)
     at = good.index(attempt)
-    wide = good[:at] + _zigzag(SAMPLES["history"]["planned_ns"]) + _zigzag(2**40) + good[at + len(attempt) :]
+    wide = good[:at] + zigzag(SAMPLES["history"]["planned_ns"]) + zigzag(2**40) + good[at + len(attempt) :]
     assert _reason(lambda: hist.decode(wide)) == "invalid avro"
 
 
 @pytest.mark.parametrize("count", [MAX_TARGET_COMPONENTS + 1, 2**20, 2**62, -(2**40)])
 def test_hostile_array_counts_are_refused_fast(count: int) -> None:
-    head = b"\xa5\x01" + b"\x02e\x02t\x00" + _zigzag(count)
+    head = b"\xa5\x01" + b"\x02e\x02t\x00" + zigzag(count)
     for body in (b"\x00" * (MAX_RECORD_BYTES - len(head)), b"\x02" * 64):
         start = time.perf_counter()
         reason = _reason(functools.partial(decode_transition, head + body))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from avro_strategies import avro_values
+from avro_strategies import avro_values, zigzag
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,15 +38,6 @@ DECODERS: list[tuple[str, Callable[[Any], object]]] = [
 ]
 
 
-def _zigzag(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63) if -(2**63) <= n < 2**63 else n
-    out = bytearray()
-    while z & ~0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
 
 def _valid(name: str) -> st.SearchStrategy[bytes]:
     payloads = st.sampled_from([b"", b"{}", b"[1,2]", b'{"a":"b"}', b"\xff"]) | st.binary(max_size=16)
@@ -71,7 +62,7 @@ def mutated(draw: st.DrawFn) -> bytes:
         elif op == "delete" and data:
             del data[pos : pos + draw(st.integers(1, 12))]
         elif op == "splice":
-            data[pos:pos] = _zigzag(draw(st.sampled_from([-1, -(2**31), 2**31, 2**62, -(2**63)])))
+            data[pos:pos] = zigzag(draw(st.sampled_from([-1, -(2**31), 2**31, 2**62, -(2**63)])))
         else:
             del data[pos:]
     return bytes(data)
@@ -82,7 +73,7 @@ def hostile_lengths(draw: st.DrawFn) -> bytes:
     """A valid envelope, a few fields, then a huge length/count prefix and up to a full record."""
     sid = draw(st.sampled_from(sorted(SCHEMA_IDS.values())))
     fields = b"".join(draw(st.lists(st.sampled_from([b"\x00", b"\x02e", b"\x02", b"\x01"]), max_size=6)))
-    prefix = _zigzag(draw(st.sampled_from([2**20, 2**31, 2**62, 2**63 - 1, -(2**40), -1])))
+    prefix = zigzag(draw(st.sampled_from([2**20, 2**31, 2**62, 2**63 - 1, -(2**40), -1])))
     filler = draw(st.sampled_from([b"\x00", b"\x02", b"\x02\x00", b"\x01\x02\x00", b"\xff"]))
     size = draw(st.integers(0, MAX_RECORD_BYTES))
     head = bytes((MAGIC, sid)) + fields + prefix
