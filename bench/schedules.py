@@ -28,13 +28,13 @@ from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.ops.broker import LocalCluster
 from streamsched.schedules.catalog import Catalog
 from streamsched.schedules.ticker import Ticker, TickerConfig
-from streamsched.wire.avro import _parsed_schema
+from streamsched.wire.avro_schema import parsed_schema
 
 
 async def main(bootstrap: str, schedules: int, seconds: float) -> dict[str, object]:
     from aiokafka import AIOKafkaConsumer
 
-    schema = _parsed_schema("transition")
+    schema = parsed_schema("transition")
 
     catalog = Catalog(bootstrap, f"bench-{uuid.uuid4().hex[:6]}", partitions=4)
     await catalog.ensure_topics()

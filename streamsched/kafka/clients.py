@@ -159,10 +159,6 @@ class Connection:
                 opts["sasl_plain_password"] = self.sasl_password.reveal()
         return opts
 
-    def common(self) -> dict[str, Any]:
-        """Bootstrap, security and the every-client ``options`` (credentials included)."""
-        return {"bootstrap_servers": self.bootstrap, **self.security(), **self.options}
-
     def for_client(self, kind: str) -> dict[str, Any]:
         """Everything this connection gives an aiokafka ``kind`` client (consumer, producer,
         admin): bootstrap, security, the every-client options it takes, then its own options."""

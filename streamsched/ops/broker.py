@@ -107,8 +107,6 @@ class LocalCluster:
     port: int | None = None
     heap: str = DEFAULT_HEAP
     extra_config: dict[str, str] = field(default_factory=dict)
-    listener_scheme: str = "PLAINTEXT"
-    jaas_file: Path | None = None
     security: BrokerSecurity | None = None
     kafka_version: str | None = None
     specs: list[NodeSpec] = field(default_factory=list)
@@ -170,7 +168,7 @@ class LocalCluster:
     def _properties(self, spec: NodeSpec) -> str:
         voters = ",".join(f"{s.node_id}@127.0.0.1:{s.controller_port}" for s in self.specs)
         rf = min(3, len(self.specs))
-        scheme = self.listener_scheme
+        scheme = "PLAINTEXT"  # the secured listeners are added by BrokerSecurity
         props = {
             "process.roles": "broker,controller",
             "node.id": str(spec.node_id),
@@ -241,8 +239,6 @@ class LocalCluster:
                f"-Dkafka.logs.dir={spec.data_dir}"]
         name, _, option = logging_config(self.version)
         cmd.append(option.format(path=spec.data_dir / name))
-        if self.jaas_file is not None:
-            cmd.append(f"-Djava.security.auth.login.config={self.jaas_file}")
         cmd += ["-cp", f"{lib}/*", "kafka.Kafka", str(spec.data_dir / "server.properties")]
         out = open(spec.data_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
         try:

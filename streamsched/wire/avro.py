@@ -59,9 +59,6 @@ from streamsched.wire.avro_schema import (
 
 __all__ = ["MAGIC", "SCHEMA_IDS", "AvroCodec", "get_codec", "schema_dir"]
 
-_parsed_schema: Final = parsed_schema
-"""The old name, still imported from here by tests/wire/avro_strategies.py and bench/schedules.py."""
-
 
 class AvroCodec:
     """Encoder/decoder of one record type in the streamsched wire format (see module docs).
@@ -80,7 +77,7 @@ class AvroCodec:
         self.name: Final = name
         self.schema_id: Final = SCHEMA_IDS[name]
         self._prefix = bytes((MAGIC, self.schema_id))
-        self._schema = _parsed_schema(name)
+        self._schema = parsed_schema(name)
         self._named: Mapping[str, Any] = self._schema["__named_schemas"]
         self._bounds = ARRAY_BOUNDS.get(name, ())
         self._reader = reader_for(self._schema, self._bounds)

@@ -156,7 +156,6 @@ class TurnRunner:
         ride in a claim-first transaction under load, and how long a Kafka-native transaction
         gathers batches.
         """
-        self.bootstrap = bootstrap
         self.s = scheduler
         self.partition = partition
         self.producer = producer
@@ -169,7 +168,6 @@ class TurnRunner:
         self.partitions = partitions
         self.feedback = FeedbackTopics(feedback_lookup or admin_lookup(bootstrap), metrics)
         self._state_topic = scheduler.state_topic
-        self._dlq_topic = scheduler.dead_letter_topic
         self.commit_interval_s = commit_interval_s
         self.pending: Batch | None = None
         self.offsets = Offsets()
@@ -256,9 +254,7 @@ class TurnRunner:
         offsets are committed at most every ``commit_interval_s`` under load (always when the
         partition goes idle): a committed offset may lag resolved work, never lead it.
         """
-        pending = self.pending
-        if incoming is not None:
-            await self._ensure_selected(incoming)
+        pending = self.pending  # ``incoming`` was selected by step()
         if pending is not None:
             await self._resolve_feedback(pending)
             await self._learn_emit_topics(pending)

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from streamsched.model.limits import MAX_TARGET_COMPONENTS
-from streamsched.wire import avro as codecs
+from streamsched.wire.avro_schema import parsed_schema
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -18,7 +18,7 @@ BINARY = st.binary(max_size=48)
 def avro_values(name: str, *, text: st.SearchStrategy[str] = TEXT,
                 binary: st.SearchStrategy[bytes] = BINARY) -> st.SearchStrategy[Any]:
     """Records of schema ``name``; arrays stay within every codec bound."""
-    schema = codecs._parsed_schema(name)
+    schema = parsed_schema(name)
     named: dict[str, Any] = schema["__named_schemas"]
     leaves = {"null": st.none(), "boolean": st.booleans(), "int": INT32, "long": INT64,
               "string": text, "bytes": binary}
