@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -46,7 +45,7 @@ from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
-from streamsched.ops.broker import LocalCluster
+from streamsched.ops.broker import LocalCluster, free_port
 from streamsched.testing import WorkerProcess
 from streamsched.wire.claim import encode_claim
 
@@ -124,11 +123,6 @@ async def raw_read(bootstrap: str, topic: str) -> float:
 
 
 # --- the worker process --------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> tuple[int, str]:

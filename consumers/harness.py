@@ -20,7 +20,7 @@ from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import IdentityParts, business_identity
 from streamsched.model.jsonval import json_loads
 from streamsched.model.names import internal_topic
-from streamsched.testing import make_event, produce_events
+from streamsched.testing import kit, make_event, produce_events
 from streamsched.wire.claim import CLAIM_CODEC
 from streamsched.wire.transition import decode_transition
 
@@ -102,11 +102,7 @@ async def produce(bootstrap: str, wf: Workflow, events: list[TransitionEvent]) -
     await produce_events(bootstrap, wf.topic, events)
 
 
-FAST_FAILOVER_ENV = {
-    "STREAMSCHED_CLAIM_DURATION_S": "5",
-    "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
-    "STREAMSCHED_HEARTBEAT_MS": "500",
-}
+FAST_FAILOVER_ENV = {**kit.FAST_FAILOVER_ENV, "STREAMSCHED_CLAIM_DURATION_S": "5"}
 """Worker settings for tests that kill or pause a worker: short leases and sessions, so the
 survivor takes over within seconds."""
 

@@ -199,14 +199,6 @@ class ApplyReport:
     brokers: int = 0
     """Brokers in the cluster (the defaults depend on it)."""
 
-    def merge(self, other: ApplyReport) -> None:
-        self.created += other.created
-        self.unchanged += other.unchanged
-        self.delay_retention_ms.update(other.delay_retention_ms)
-        self.replication.update(other.replication)
-        self.drift += other.drift
-        self.brokers = max(self.brokers, other.brokers)
-
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable report (``topics apply`` prints it)."""
         out: dict[str, Any] = {"created": self.created, "unchanged": self.unchanged,

@@ -344,8 +344,7 @@ async def verify_broker(conn: Connection, client: Any) -> version.DetectedVersio
             return None
         known = version.detect(versions)
     allowed = conn.allow_untested_kafka or version.allowed_by_env()
-    if not known.tested and not allowed:
-        raise version.UntestedKafkaVersion(conn.bootstrap, known)
+    version.refuse_untested(conn.bootstrap, known, allow_untested=allowed)
     if conn.bootstrap not in _verified and not known.tested:
         log.warning("Kafka at %s is %s, not a tested release (tested: %s); connecting as allowed",
                     conn.bootstrap, known.name, version.tested_range())

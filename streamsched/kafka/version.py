@@ -108,6 +108,11 @@ def check(bootstrap: str, versions: Mapping[int, tuple[int, int]], *,
     """The broker's release; raises :class:`UntestedKafkaVersion` for an untested one unless
     allowed."""
     detected = detect(versions)
+    refuse_untested(bootstrap, detected, allow_untested=allow_untested)
+    return detected
+
+
+def refuse_untested(bootstrap: str, detected: DetectedVersion, *, allow_untested: bool) -> None:
+    """Raise :class:`UntestedKafkaVersion` for an untested release unless allowed."""
     if not detected.tested and not allow_untested:
         raise UntestedKafkaVersion(bootstrap, detected)
-    return detected

@@ -55,8 +55,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         st = broker.status(data_dir)
         saved = data_dir / "cluster.json"
         if saved.exists():
-            for node in json.loads(saved.read_text())["nodes"]:
-                broker.stop_pid_file(Path(node["data_dir"]) / "pid")
+            broker.stop_nodes([Path(node["data_dir"]) for node in json.loads(saved.read_text())["nodes"]])
         print("stopped" if st.get("running") else "not running")
         return 0
     st = broker.status(data_dir)
@@ -88,9 +87,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
     # --allow-drift (then reported); an internal RF 1 topic on a multi-broker cluster needs
     # --allow-single-replica (streamsched.kafka.admin).
     checks = {"allow_drift": args.allow_drift, "allow_single_replica": args.allow_single_replica}
-    report = asyncio.run(apply(bootstrap, specs, **checks))
-    if derived:
-        report.merge(asyncio.run(apply(bootstrap, derived, **checks)))
+    # One apply: one admin client, and any refusal comes before anything is created.
+    report = asyncio.run(apply(bootstrap, [*specs, *derived], **checks))
     print(json.dumps(report.to_dict()))
     return 0
 
@@ -117,9 +115,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop = stop_on_signals()
         workers = [Worker(app.schedulers[n], config) for n in names]
         async with contextlib.AsyncExitStack() as stack:
-            # Ready when every scheduler's worker is (getattr: `ready` is new on Worker).
+            # Ready when every scheduler's worker is.
             await serve_status(stack, args, [w.metrics for w in workers],
-                                lambda: all(getattr(w, "ready", False) is True for w in workers))
+                                lambda: all(w.ready for w in workers))
             async with asyncio.TaskGroup() as tg:
                 for w in workers:
                     tg.create_task(w.run(stop))

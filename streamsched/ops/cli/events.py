@@ -154,9 +154,8 @@ def _run_ticker(catalog: Any, args: argparse.Namespace) -> int:
         stop = stop_on_signals()
         ticker = Ticker(catalog, config)
         async with contextlib.AsyncExitStack() as stack:
-            # getattr: `ready` is new on Ticker; until it exists the ticker reports not ready.
             await serve_status(stack, args, [ticker.metrics],
-                                lambda: getattr(ticker, "ready", False) is True)
+                                lambda: ticker.ready)
             await ticker.run(stop)
         print(json.dumps(ticker.metrics.snapshot()), file=sys.stderr)
 
