@@ -99,7 +99,6 @@ from streamsched.model.limits import MAX_DELIVERY_ATTEMPTS
 from streamsched.model.retry import RetryPolicy
 from streamsched.wire.claim import encode_claim
 from streamsched.wire.dead_letter import ATTEMPTS_EXHAUSTED, ATTEMPTS_EXHAUSTED_REASON
-from streamsched.wire.partitioner import partition_for_key
 from streamsched.worker.app import ExternalCommand, SchedulerDef
 from streamsched.worker.execute import execute
 from streamsched.worker.feedback import FeedbackTopics, Lookup, admin_lookup, feedback_record, occurrence_of
@@ -178,8 +177,6 @@ class TurnRunner:
         self._careful = not self.claim_first
         """Kafka-native: the next batch with leaders claims first (delivery counting, module docs)."""
         self._open: _Open | None = None
-        self._emit_partitions: dict[str, int] = {}
-        """Partition counts of the topics the current batches emit to (see _learn_emit_topics)."""
         self._records = Records(scheduler.topic, partition, scheduler.delay_topic,
                                 scheduler.dead_letter_topic, metrics)
         self._selector = Selector(scheduler, partition, owner=owner, metrics=metrics, clock=clock,
@@ -257,7 +254,6 @@ class TurnRunner:
         pending = self.pending  # ``incoming`` was selected by step()
         if pending is not None:
             await self._resolve_feedback(pending)
-            await self._learn_emit_topics(pending)
         claims = incoming.leaders if incoming is not None else []
         t_mark, d_mark = self.offsets.after(pending)
         changed = t_mark != self.offsets.t_sent or d_mark != self.offsets.d_sent
@@ -320,7 +316,6 @@ class TurnRunner:
                 await self._execute_all(batch.leaders)
                 # No transaction is open on the producer: the admin lookup may happen here.
                 await self._resolve_feedback(batch)
-                await self._learn_emit_topics(batch)
             before = len(txn.writer)
             self._write_resolution(batch, txn.view, txn.writer)
             # Emits, and the original record of a dead letter, a parked or a forwarded item.
@@ -389,14 +384,6 @@ class TurnRunner:
                   and (o := occurrence_of(it.event, it.outcome)) is not None}
         if topics:
             await self.feedback.resolve(topics)
-
-    async def _learn_emit_topics(self, batch: Batch) -> None:
-        """The partition count of every topic ``batch`` emits to, asked of the producer's
-        metadata (no request unless the topic is new to it), so emitted events get their
-        partition here, with the fast murmur2 of :mod:`streamsched.wire.partitioner`."""
-        topics = {e.topic for it in batch.leaders for e in it.emits}
-        for topic in topics:
-            self._emit_partitions[topic] = len(await self.producer.partitions_for(topic))
 
     async def _send_offsets(self, t_mark: int | None, d_mark: int | None) -> None:
         from aiokafka import TopicPartition
@@ -487,10 +474,7 @@ class TurnRunner:
                 st = st.store_outcome(fence=it.fence, expected_revision=expected, outcome=it.outcome)
                 expected = st.revision
             for emit in it.emits:
-                n = self._emit_partitions.get(emit.topic)
-                # Keyed: Kafka's default partitioner, as the writer would apply it (but faster).
-                partition = partition_for_key(emit.key, n) if n is not None and emit.key is not None else None
-                writer.add(emit.topic, emit.value, key=emit.key, partition=partition)
+                writer.add(emit.topic, emit.value, key=emit.key)  # partitioned by key at flush
             if it.outcome is not None and it.event is not None and it.event.origin:
                 self._schedule_feedback(it, writer)
             it.state = st.release(fence=it.fence, expected_revision=expected)
