@@ -19,13 +19,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from streamsched.errors import DecodeError, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.writer import partition_for_key
-from streamsched.model.identity import route_key
 from streamsched.ops.replay import Target, plan_reset, topic_partitions
-from streamsched.wire.transition import decode_transition
 from streamsched.worker.app import SchedulerDef
+from streamsched.worker.selection import classify
 from streamsched.worker.store import (
     HORIZON_DEFAULT_S,
     PartitionState,
@@ -186,29 +184,23 @@ def horizon_from_env() -> float:
 
 async def _account(report: VerifyReport, s: SchedulerDef, rec: Any, partitions: int, state_of: Any,
                    cutoff_ns: int) -> None:
-    """Classify one record exactly as the worker's select step does (streamsched.worker.turn)."""
+    """Count one record as the worker's select step classifies it (streamsched.worker.selection)."""
     report.records += 1
-    if rec.value is None:
-        report.undecodable += 1
+    item = classify(s, rec)
+    if item.dead is not None:
+        kind = item.dead[0]
+        if kind == "decode":
+            report.undecodable += 1
+        elif kind == "bound":
+            report.out_of_bounds += 1
+        else:
+            report.misrouted += 1  # dead-lettered by the worker, never executed
         return
-    try:
-        ev = decode_transition(rec.value)
-    except DecodeError:
-        report.undecodable += 1
-        return
-    if not s.selection.matches(ev):
+    if not item.identity:
         report.not_selected += 1
         return
-    try:
-        identity = s.resolve_identity(ev.due_ns, ev.tenant, ev.target)
-        key = route_key(ev.tenant, ev.target)
-    except StreamschedError:
-        report.out_of_bounds += 1
-        return
-    if rec.key != key:
-        report.misrouted += 1  # dead-lettered by the worker, never executed
-        return
-    home = partition_for_key(key, partitions)
+    identity = item.identity
+    home = partition_for_key(rec.key, partitions)
     if home != rec.partition:
         report.forwarded += 1  # the worker forwards it; it executes (or not) on its home partition
     report.selected += 1

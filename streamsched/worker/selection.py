@@ -71,6 +71,35 @@ class Batch:
     """False until leaders are picked (that needs the topic's partition count; see ``step``)."""
 
 
+def classify(s: SchedulerDef, rec: Any) -> Item:
+    """One record as step 1 sees it: decoded, selected (an identity) or not (none), or a dead
+    letter with its kind (``decode``, ``bound``, ``misrouted``). ``replay --verify`` counts with
+    this same function, so it predicts exactly what a worker would do."""
+    item = Item(rec)
+    if rec.value is None:
+        item.dead = ("decode", NO_VALUE_REASON)
+        return item
+    try:
+        ev = decode_transition(rec.value)
+    except DecodeError as exc:
+        item.dead = ("decode", exc.reason)
+        return item
+    item.event = ev
+    if not s.selection.matches(ev):
+        return item
+    try:
+        item.identity = s.resolve_identity(ev.due_ns, ev.tenant, ev.target)
+        expected_key = route_key(ev.tenant, ev.target)
+    except StreamschedError as exc:
+        item.dead = ("bound", exc.kind)
+        return item
+    if rec.key != expected_key:
+        # Keys route identities to partitions; a wrong key could put one identity on two owners.
+        item.dead = ("misrouted", "record key is not the route key of its identity")
+        item.identity = ""
+    return item
+
+
 class Selector:
     """Step 1 for one partition of one scheduler."""
 
@@ -86,29 +115,7 @@ class Selector:
     def item(self, rec: Any) -> Item:
         """Decode one record and resolve its identity, or say why it is a dead letter."""
         failpoints.hit("after_select")
-        item = Item(rec)
-        if rec.value is None:
-            item.dead = ("decode", NO_VALUE_REASON)
-            return item
-        try:
-            ev = decode_transition(rec.value)
-        except DecodeError as exc:
-            item.dead = ("decode", exc.reason)
-            return item
-        item.event = ev
-        if not self.s.selection.matches(ev):
-            return item
-        try:
-            item.identity = self.s.resolve_identity(ev.due_ns, ev.tenant, ev.target)
-            expected_key = route_key(ev.tenant, ev.target)
-        except StreamschedError as exc:
-            item.dead = ("bound", exc.kind)
-            return item
-        if rec.key != expected_key:
-            # Keys route identities to partitions; a wrong key could put one identity on two owners.
-            item.dead = ("misrouted", "record key is not the route key of its identity")
-            item.identity = ""
-        return item
+        return classify(self.s, rec)
 
     def prepare(self, records: list[Any]) -> Batch:
         """Decode, select and resolve identities; leaders are picked by :meth:`select`."""
