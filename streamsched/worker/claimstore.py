@@ -373,8 +373,9 @@ class ClaimStore(StateBase):
             _, (_, evicted) = self._cache.popitem(last=False)
             self._cache_size -= evicted
 
-    def put(self, state: ClaimState) -> None:
-        raw = encode_claim(state)
+    def put(self, state: ClaimState, raw: bytes | None = None) -> None:
+        if raw is None:
+            raw = encode_claim(state)
         self._dirty[state.identity.encode()] = raw
         self._remember(state.identity, state, len(raw))
         if len(self._dirty) >= DIRTY_MAX:

@@ -112,7 +112,8 @@ class StateBase:
     def _lookup(self, identity: str) -> ClaimState | None:
         raise NotImplementedError
 
-    def put(self, state: ClaimState) -> None:
+    def put(self, state: ClaimState, raw: bytes | None = None) -> None:
+        """Store ``state``; ``raw``: its encoding, when the caller already has it."""
         raise NotImplementedError
 
     def _drop(self, identities: list[str], floor: int) -> None:
@@ -228,7 +229,7 @@ class PartitionState(StateBase):
     def _lookup(self, identity: str) -> ClaimState | None:
         return self.claims.get(identity)
 
-    def put(self, state: ClaimState) -> None:
+    def put(self, state: ClaimState, raw: bytes | None = None) -> None:
         self.claims[state.identity] = state
 
     def identities(self) -> int:

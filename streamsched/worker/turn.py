@@ -177,6 +177,8 @@ class TurnRunner:
         self._careful = not self.claim_first
         """Kafka-native: the next batch with leaders claims first (delivery counting, module docs)."""
         self._open: _Open | None = None
+        self._encoded: dict[str, tuple[ClaimState, bytes]] = {}
+        """The state record written for each identity in the open transaction (see _apply_committed)."""
         self._records = Records(scheduler.topic, partition, scheduler.delay_topic,
                                 scheduler.dead_letter_topic, metrics)
         self._selector = Selector(scheduler, partition, owner=owner, metrics=metrics, clock=clock,
@@ -410,16 +412,23 @@ class TurnRunner:
 
     def _put_state(self, st: ClaimState, view: dict[str, ClaimState], writer: GroupedWriter) -> None:
         view[st.identity] = st
-        writer.add(self._state_topic, encode_claim(st), key=st.identity.encode(), partition=self.partition)
+        raw = encode_claim(st)
+        self._encoded[st.identity] = (st, raw)
+        writer.add(self._state_topic, raw, key=st.identity.encode(), partition=self.partition)
         self.state.stage()
 
     def _apply_committed(self, view: dict[str, ClaimState]) -> None:
-        """After a commit: the snapshots it wrote become the partition's state."""
-        for st in view.values():
-            self.state.put(st)
+        """After a commit: the snapshots it wrote become the partition's state (a disk store
+        keeps the bytes already encoded for the state topic instead of encoding them again)."""
+        encoded = self._encoded
+        for identity, st in view.items():
+            enc = encoded.get(identity)
+            self.state.put(st, enc[1] if enc is not None and enc[0] is st else None)
+        encoded.clear()
         self.state.commit_staged()  # tombstones applied, checkpoint moved (claimstore.py)
 
     async def _abort(self) -> None:
+        self._encoded.clear()
         self.state.discard_staged()
         with contextlib.suppress(Exception):
             await self.producer.abort_transaction()
