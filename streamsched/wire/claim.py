@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from streamsched.model.claims import ClaimState, ClaimStatus, OutcomeKind
 from streamsched.wire.avro import MAGIC, SCHEMA_IDS, AvroCodec
+from streamsched.wire.avro_reader import Refused, _read_long
 
 CLAIM_CODEC = AvroCodec("claim")
-_CLAIM_PREFIX = bytes((MAGIC, SCHEMA_IDS["claim"]))
+CLAIM_PREFIX = bytes((MAGIC, SCHEMA_IDS["claim"]))
+"""Magic byte and schema id every claim snapshot starts with."""
 _STATUS_INDEX = {st: i for i, st in enumerate(ClaimStatus)}
 _KIND_INDEX = {k: i for i, k in enumerate(OutcomeKind)}
 
@@ -42,7 +44,7 @@ def encode_claim(st: ClaimState) -> bytes:
     built by the state machine is well-typed by construction, so this writes the Avro fields
     directly (tests/test_state.py proves byte equality against the validating codec).
     """
-    parts = [_CLAIM_PREFIX, _text(st.identity.encode()), _long(_STATUS_INDEX[st.status]),
+    parts = [CLAIM_PREFIX, _text(st.identity.encode()), _long(_STATUS_INDEX[st.status]),
              _text(st.owner.encode()), _long(st.fence), _long(st.lease_expires_ns),
              _long(st.ordinal), _long(st.revision)]
     out = st.outcome
@@ -58,3 +60,32 @@ def encode_claim(st: ClaimState) -> bytes:
 def decode_claim(value: bytes) -> ClaimState:
     """The snapshot in ``value``; raises DecodeError, KeyError or ValueError if it is not one."""
     return ClaimState.from_record(CLAIM_CODEC.decode(value))
+
+
+def resolved_at(raw: bytes) -> int | None:
+    """``outcome.at_ns`` of a RELEASED snapshot with an outcome, read straight from the bytes
+    :func:`encode_claim` writes (the claim store's horizon scan needs nothing else); None for any
+    other or malformed snapshot. A truncated snapshot raises ``IndexError``."""
+    if raw[:2] != CLAIM_PREFIX:
+        return None
+    try:
+        return _released_at(raw)
+    except Refused:
+        return None
+
+
+def _released_at(raw: bytes) -> int | None:
+    n, i = _read_long(raw, 2)  # identity
+    status, i = _read_long(raw, i + n)
+    if status != _STATUS_INDEX[ClaimStatus.RELEASED]:
+        return None
+    n, i = _read_long(raw, i)  # owner
+    i += n
+    for _ in range(4):  # fence, lease, ordinal, revision
+        _, i = _read_long(raw, i)
+    present, i = _read_long(raw, i)
+    if present != 1:
+        return None  # no outcome
+    _, i = _read_long(raw, i)  # kind
+    _, i = _read_long(raw, i)  # fence
+    return _read_long(raw, i)[0]

@@ -62,7 +62,7 @@ from streamsched.errors import DecodeError
 from streamsched.kafka import clients
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
-from streamsched.wire.claim import decode_claim, encode_claim
+from streamsched.wire.claim import CLAIM_PREFIX, decode_claim, encode_claim, resolved_at
 from streamsched.worker.changelog import Bounds, PartitionReader, TopicIdentity
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.store import (
@@ -82,9 +82,6 @@ CHECKPOINT_KEY = b"\x00checkpoint"
 DATA_START = b"\x01"
 """Every data key sorts at or after this (reserved keys start with a zero byte)."""
 _CHECKPOINT = struct.Struct(">qq")
-_CLAIM_PREFIX = bytes((0xA5, 0x02))
-"""Magic byte and schema id every claim snapshot starts with (see streamsched.wire.avro)."""
-_RELEASED = 6  # zig-zag of ClaimStatus.RELEASED's index (3)
 SCAN_PAGE = 256
 """Entries one horizon scan step reads."""
 RETENTION_MARGIN = 0.1
@@ -93,39 +90,6 @@ DIRTY_MAX = 4096
 """Snapshots held for the next checkpoint at most before they are written ahead of it."""
 ENTRY_OVERHEAD = 480
 """Bytes a cached snapshot costs beyond its wire size (objects, strings, the LRU's entry)."""
-
-
-def resolved_at(raw: bytes) -> int | None:
-    """``outcome.at_ns`` of a RELEASED snapshot with an outcome, read straight from the wire bytes
-    (the horizon scan needs nothing else); None for any other snapshot."""
-    if raw[:2] != _CLAIM_PREFIX:
-        return None
-    i = 2
-
-    def varint() -> int:
-        nonlocal i
-        shift = z = 0
-        while True:
-            b = raw[i]
-            i += 1
-            z |= (b & 0x7F) << shift
-            if b < 0x80:
-                return (z >> 1) ^ -(z & 1)
-            shift += 7
-
-    n = varint()  # identity (varint() moves i: never `i += varint()`)
-    i += n
-    if varint() != _RELEASED // 2:
-        return None
-    n = varint()  # owner
-    i += n
-    for _ in range(4):  # fence, lease, ordinal, revision
-        varint()
-    if varint() != 1:
-        return None  # no outcome
-    varint()  # kind
-    varint()  # fence
-    return varint()
 
 
 class ClaimStore(StateBase):
@@ -289,7 +253,7 @@ class ClaimStore(StateBase):
         import rocksdict
 
         wb = rocksdict.WriteBatch(raw_mode=True)
-        put, delete, prefix = wb.put, wb.delete, _CLAIM_PREFIX
+        put, delete, prefix = wb.put, wb.delete, CLAIM_PREFIX
         bad = 0
         for rec in records:
             key, value = rec.key, rec.value

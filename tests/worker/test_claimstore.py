@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from streamsched.errors import ConfigError
 from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
-from streamsched.wire.claim import encode_claim
+from streamsched.wire.claim import encode_claim, resolved_at
 from streamsched.worker.changelog import Bounds, TopicIdentity
-from streamsched.worker.claimstore import ClaimStore, resolved_at
+from streamsched.worker.claimstore import ClaimStore
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.store import (
     FLOOR_IDENTITY,
