@@ -142,6 +142,13 @@ class FencedOut(StreamschedError):
         self.partition = partition
 
 
+class TransactionStuck(StreamschedError):
+    """A partition owner's transaction did not commit within its deadline; the owner restarts
+    with a fresh producer."""
+
+    kind = "transaction_stuck"
+
+
 class CommandNotAllowed(StreamschedError):
     """A handler used a command its scheduler role does not declare."""
 

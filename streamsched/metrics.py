@@ -98,6 +98,7 @@ _HELP: Final[Mapping[str, str]] = {
     "terminal": "terminal failures by kind",
     "errors": "errors by kind (the latest one is in /status as type and kind)",
     "fenced": "times a producer was fenced by a newer owner",
+    "stuck_transactions": "transactions given up at their deadline (the owner restarts)",
     "dead_lettered": "records dead-lettered",
     "partition_restarts": "partition owner restarts",
     "partitions": "partitions owned",

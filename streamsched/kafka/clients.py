@@ -275,6 +275,16 @@ def _consumer_class() -> type[Any]:
             _refresh_metadata_on_offset_errors(self)
             await _verify_started(self, self._client, self.stop)
 
+        def position_now(self, tp: Any) -> int | None:
+            """``tp``'s position if the consumer knows it now, else None (not assigned, or a
+            reset not answered yet); never waits. ``position()`` waits for a pending reset, in
+            aiokafka 0.14 in a loop without end, which must not stop a loop serving every
+            other partition (the worker's intake)."""
+            subscription = self._subscription.subscription
+            assignment = subscription.assignment if subscription is not None else None
+            state = assignment.state_value(tp) if assignment is not None else None
+            return int(state.position) if state is not None and state.has_valid_position else None
+
     return Consumer
 
 

@@ -47,6 +47,7 @@ from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_count
 from streamsched.kafka.owner import PartitionOwner
 from streamsched.kafka.reads import read_partition
+from streamsched.kafka.txn import transaction
 from streamsched.kafka.writer import GroupedWriter
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import route_key
@@ -341,8 +342,10 @@ class PartitionTicker:
         cat = self.t.catalog
         p = self.producer
         writer = GroupedWriter(p)
-        await p.begin_transaction()
-        try:
+        t_commit = 0.0
+
+        async def body() -> None:
+            nonlocal t_commit
             for topic, event, route in events:
                 writer.add(topic, event, key=route)
             for name, st in states.items():
@@ -366,15 +369,12 @@ class PartitionTicker:
                 await asyncio.sleep(min(remaining / 1e9, 0.05))
             if events:
                 failpoints.hit("tick_before_commit")
-            t_commit = time.perf_counter()
-            await p.commit_transaction()
-            if events:
-                self.t.metrics.observe("end_txn_seconds", time.perf_counter() - t_commit)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await p.abort_transaction()
-            raise
+            t_commit = time.perf_counter()  # the commit follows the body at once
+
+        await transaction(p, body, metrics=self.t.metrics,
+                          what=f"a tick transaction of {cat.definitions_topic}[{self.p}]")
         if events:
+            self.t.metrics.observe("end_txn_seconds", time.perf_counter() - t_commit)
             failpoints.hit("tick_after_commit")
 
 

@@ -84,6 +84,11 @@ class FakeConsumer:
     async def position(self, partition: TopicPartitionLike) -> int:
         return self._position(self._tp(partition))
 
+    def position_now(self, partition: TopicPartitionLike) -> int | None:
+        """As streamsched's real consumer: the position if known (here: if assigned), never waits."""
+        tp = self._tp(partition)
+        return self._position(tp) if tp in self._assigned else None
+
     async def committed(self, partition: TopicPartitionLike) -> int | None:
         if not self.group_id:
             raise IllegalOperation("committed() needs a group_id")

@@ -33,6 +33,7 @@ from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply, partition_count
 from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
+from streamsched.kafka.txn import TRANSACTION_TIMEOUT_MS
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_id
 from streamsched.wire.delay import due_ns
@@ -148,7 +149,8 @@ class Worker:
             name=s.topic, bootstrap=config.bootstrap,
             transactional_id=lambda p: transactional_id("scheduler", s.group, s.topic, partition=p),
             producer_options=lambda p: dict(max_batch_size=1024 * 1024, max_request_size=2 * 1024 * 1024,
-                                            request_timeout_ms=30_000, transaction_timeout_ms=60_000,
+                                            request_timeout_ms=30_000,
+                                            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
                                             client_id=f"{config.owner}-p{p}"),
             restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s)
         self.owners: Owners[PartitionRunner] = Owners(spec, self.metrics, on_start=self._hold,
@@ -316,19 +318,17 @@ class Worker:
             self._sweep()
             await self.owners.supervise()
             lag = 0
-            for p, owner in self.owners.items():
+            for p, _owner in self.owners.items():
                 tp = TopicPartition(topic, p)
                 high = self._highwater(tp)
-                if high is not None:
-                    with contextlib.suppress(Exception):
-                        lag += max(0, high - await self.consumer.position(tp))
-                if self.owners.get(p) is not owner:
-                    continue  # revoked or replaced while we awaited
+                pos = self.consumer.position_now(tp) if high is not None else None
+                if high is not None and pos is not None:
+                    lag += max(0, high - pos)
                 runner = self._live(p)
                 if runner is not None:
                     lag += len(runner.queue)
                     if not runner.queue:
-                        await self._skip_markers(p, runner)
+                        self._skip_markers(p, runner)
                 want_pause = runner is None or len(runner.queue) >= bound or self.fetch.holds(tp)
                 self._set_paused(tp, want_pause)
                 # The due index is bounded: when it is full, delay intake pauses (nothing is lost;
@@ -358,16 +358,9 @@ class Worker:
                     self.fetch.sought(tp, offset)
             runner.resume = None
 
-    async def _skip_markers(self, partition: int, runner: PartitionRunner) -> None:
-        positions: list[int | None] = []
-        for tp in self._tps(partition):
-            pos = None
-            if self._highwater(tp) is not None:
-                with contextlib.suppress(Exception):
-                    pos = await self.consumer.position(tp)
-            positions.append(pos)
-        if self._live(partition) is not runner:
-            return  # the partition changed hands while we awaited
+    def _skip_markers(self, partition: int, runner: PartitionRunner) -> None:
+        positions = [self.consumer.position_now(tp) if self._highwater(tp) is not None else None
+                     for tp in self._tps(partition)]
         before = runner.turns.offsets.unsent()
         runner.turns.offsets.skip_markers(positions[0], positions[1])
         if not before and runner.turns.offsets.unsent():

@@ -81,7 +81,6 @@ the modules named above.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -92,6 +91,7 @@ from typing import Any
 from streamsched import failpoints
 from streamsched.errors import StreamschedError
 from streamsched.kafka import clients
+from streamsched.kafka.txn import TXN_DEADLINE_S, transaction
 from streamsched.kafka.writer import GroupedWriter
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
@@ -115,6 +115,7 @@ TXN_MAX_BYTES = 1024 * 1024
 """...or about this many bytes of record values (the producer's batch size)."""
 _RECORD_OVERHEAD = 64
 """Bytes counted per record on top of its value (key, headers, framing) against TXN_MAX_BYTES."""
+
 
 
 async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
@@ -146,7 +147,8 @@ class TurnRunner:
                  *, owner: str, metrics: Metrics, clock: Callable[[], int] = time.time_ns,
                  retry: RetryPolicy | None = None, commit_interval_s: float = 0.1,
                  bootstrap: clients.Conn = "", partitions: int | None = None,
-                 feedback_lookup: Lookup | None = None, claim_first: bool | None = None) -> None:
+                 feedback_lookup: Lookup | None = None, claim_first: bool | None = None,
+                 txn_deadline_s: float = TXN_DEADLINE_S) -> None:
         """``partitions``: the transition topic's partition count (asked of the producer's
         metadata before the first batch when not given). ``feedback_lookup``: how a schedule
         feedback topic's partition count is found (default: an admin request via ``bootstrap``).
@@ -168,6 +170,7 @@ class TurnRunner:
         self.feedback = FeedbackTopics(feedback_lookup or admin_lookup(bootstrap), metrics)
         self._state_topic = scheduler.state_topic
         self.commit_interval_s = commit_interval_s
+        self.txn_deadline_s = txn_deadline_s
         self.pending: Batch | None = None
         self.offsets = Offsets()
         self._delay_topic = scheduler.delay_topic
@@ -267,8 +270,8 @@ class TurnRunner:
             return
         view: dict[str, ClaimState] = {}
         writer = GroupedWriter(self.producer)
-        await self.producer.begin_transaction()
-        try:
+
+        async def body() -> None:
             if pending is not None:
                 self._write_resolution(pending, view, writer)
             if claims:
@@ -281,10 +284,8 @@ class TurnRunner:
                 await writer.flush()
             if pending is not None:
                 _resolution_failpoints([pending])
-            await self.producer.commit_transaction()
-        except BaseException:
-            await self._abort()
-            raise
+
+        await self._transaction(body)
         self._apply_committed(view)
         if pending is not None:
             self.offsets.resolve(pending)
@@ -346,8 +347,8 @@ class TurnRunner:
         if not batches and not send_offsets and not expiring:
             return
         writer = txn.writer if txn is not None else GroupedWriter(self.producer)
-        await self.producer.begin_transaction()
-        try:
+
+        async def body() -> None:
             if expiring:
                 self.state.expire(writer, self._state_topic, expiring, skip=view)
             if send_offsets:
@@ -357,10 +358,8 @@ class TurnRunner:
             else:
                 await writer.flush()
             _resolution_failpoints(batches)
-            await self.producer.commit_transaction()
-        except BaseException:
-            await self._abort()
-            raise
+
+        await self._transaction(body)
         self._apply_committed(view)
         self.offsets.resolve(span)
         for b in batches:
@@ -427,11 +426,14 @@ class TurnRunner:
         encoded.clear()
         self.state.commit_staged()  # tombstones applied, checkpoint moved (claimstore.py)
 
-    async def _abort(self) -> None:
+    async def _transaction(self, body: Callable[[], Awaitable[None]]) -> None:
+        await transaction(self.producer, body, deadline_s=self.txn_deadline_s, on_abort=self._discard,
+                          metrics=self.metrics, what=f"a transaction of partition {self.partition}")
+
+    def _discard(self) -> None:
         self._encoded.clear()
         self.state.discard_staged()
-        with contextlib.suppress(Exception):
-            await self.producer.abort_transaction()
+
 
     def _write_claims(self, leaders: list[Item], view: dict[str, ClaimState], writer: GroupedWriter) -> None:
         self._acquire(leaders, view)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 from aiokafka.errors import KafkaError
 
+from streamsched.errors import TransactionStuck
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, ClaimStatus, OutcomeKind
 from streamsched.model.event import TransitionEvent
@@ -299,3 +300,24 @@ async def test_offsets_alone_commit_when_the_partition_goes_idle() -> None:
     assert w.committed() is None and not runner.idle
     await runner.step(None, flush_offsets=True)
     assert w.committed() == 1 and runner.idle and w.claims() == []
+
+
+async def test_a_native_commit_that_never_returns_fails_by_its_deadline() -> None:
+    w = World()
+    first, second = event("a"), event("b")
+    runner = await w.runner()
+    await feed(runner, [w.produce(first)], 1)  # the careful claim-first batch after a start
+    committed = w.committed()
+    runner.txn_deadline_s = 0.2
+    never = asyncio.Event()
+
+    async def hangs() -> None:
+        await never.wait()
+
+    runner.producer.commit_transaction = hangs
+    with pytest.raises(TransactionStuck):
+        await feed(runner, [w.produce(second)], 1)
+    assert runner.producer.calls[-1] == "abort_transaction" and not w.kafka.in_transaction(w.tid)
+    assert w.history(w.identity(second)) == [] and w.committed() == committed
+    assert runner.state.get(w.identity(second)).status is ClaimStatus.FREE
+    assert runner.metrics.counters["stuck_transactions"] == 1

@@ -9,6 +9,7 @@ tests/worker/test_worker_kafka.py.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaError, ProducerFenced
 
+from streamsched.errors import TransactionStuck
 from streamsched.kafka.writer import partition_for_key
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, ClaimStatus, OutcomeKind
@@ -411,6 +413,28 @@ async def test_a_failed_release_commit_makes_nothing_visible_and_keeps_state() -
     assert runner.state.get(w.identity(ev)) == claimed
     assert runner.offsets.after(None) == (None, None) and runner.pending is batch
     assert runner.producer.calls[-1] == "abort_transaction" and not w.kafka.in_transaction(w.tid)
+
+
+async def test_a_commit_that_never_returns_fails_the_owner_by_its_deadline() -> None:
+    """aiokafka may retry a request forever against a node that no longer serves it: the turn
+    gives the transaction up at its deadline (the owner restarts with a fresh producer).
+    The Kafka-native shape: tests/worker/test_turn_native.py."""
+    w = World()
+    ev = event()
+    runner = await w.runner()
+    runner.txn_deadline_s = 0.2
+    never = asyncio.Event()
+
+    async def hangs() -> None:
+        await never.wait()
+
+    runner.producer.commit_transaction = hangs
+    with pytest.raises(TransactionStuck):
+        await runner.step(runner.prepare([w.produce(ev)]), flush_offsets=True)
+    assert runner.producer.calls[-1] == "abort_transaction" and not w.kafka.in_transaction(w.tid)
+    assert w.claims() == [] and w.outputs() == [] and w.committed() is None
+    assert runner.state.get(w.identity(ev)).status is ClaimStatus.FREE
+    assert runner.metrics.counters["stuck_transactions"] == 1
 
 
 @pytest.mark.parametrize("when", ["before_the_transaction", "before_its_commit"])
