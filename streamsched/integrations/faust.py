@@ -47,16 +47,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import time
-import uuid
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
 from streamsched.errors import ConfigError, DecodeError, StreamschedError
 from streamsched.kafka.producer import encode_event
-from streamsched.model.event import TransitionEvent
-from streamsched.model.jsonval import json_dumps
+from streamsched.model.event import EVENT_FIELDS, TransitionEvent, event_from_mapping
 from streamsched.model.names import validate_name
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition
@@ -76,10 +73,6 @@ __all__ = [
 
 CODEC_NAME = "streamsched"
 """The name the codec is registered under: ``app.topic(..., value_serializer="streamsched")``."""
-
-EVENT_FIELDS = frozenset({"type", "tenant", "target", "due_ns", "payload", "event_id", "produced_ns",
-                          "attempt", "origin"})
-"""The keys a mapping given to :func:`to_event` may have (only ``type`` is required)."""
 
 
 class FaustNotInstalled(ConfigError):
@@ -131,24 +124,14 @@ def _faust_module(name: str) -> Any:
 # --- events ------------------------------------------------------------------------------------------
 
 
-def _field(doc: Mapping[str, object], name: str, kind: type, default: object) -> Any:
-    value = doc.get(name, default)
-    # bool is an int subclass: True as a due time or attempt is a mistake, not 1.
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise DecodeError(f"encode: field {name} must be {kind.__name__}")
-    return value
-
-
 def to_event(obj: TransitionEvent | Mapping[str, object] | Any) -> TransitionEvent:
     """A :class:`TransitionEvent` from an event, a mapping or a ``faust.Record`` (``asdict()``).
 
-    A mapping has the keys of :data:`EVENT_FIELDS` (the JSON shape of ``streamsched emit``):
-    ``type`` (required); ``tenant`` (default ``""``); ``target`` (a list of strings, or one
-    string); ``due_ns`` (default 0); ``payload`` (any JSON value, or JSON ``bytes``; default
-    ``{}``); ``event_id`` (default a random UUID: give one to deduplicate downstream);
-    ``produced_ns`` (default now); ``attempt`` (default 1); ``origin`` (default none). Types are
-    checked here, bounds by :func:`~streamsched.kafka.producer.encode_event`: anything else
-    raises :class:`DecodeError` (``"encode: ..."``) naming the field, never its value.
+    A mapping (or a record's ``asdict()``) is read by
+    :func:`streamsched.model.event.event_from_mapping` (the JSON shape of ``streamsched emit``;
+    keys :data:`EVENT_FIELDS`): types are checked there, bounds by
+    :func:`~streamsched.kafka.producer.encode_event`; anything else raises :class:`DecodeError`
+    (``"encode: ..."``) naming the field, never its value.
     """
     if isinstance(obj, TransitionEvent):
         return obj
@@ -159,33 +142,7 @@ def to_event(obj: TransitionEvent | Mapping[str, object] | Any) -> TransitionEve
         obj = asdict()
         if not isinstance(obj, Mapping):
             raise DecodeError("encode: asdict() did not return a mapping")
-    doc = cast(Mapping[str, object], obj)
-    unknown = [k for k in doc if k not in EVENT_FIELDS]
-    if unknown:
-        raise DecodeError(f"encode: unknown event fields {sorted(map(str, unknown))}")
-    if "type" not in doc:
-        raise DecodeError("encode: an event needs a 'type'")
-    target = doc.get("target", ())
-    if isinstance(target, str):
-        target = (target,)
-    if not isinstance(target, list | tuple) or not all(isinstance(t, str) for t in target):
-        raise DecodeError("encode: field target must be a string or a list of strings")
-    payload = doc.get("payload", {})
-    origin = doc.get("origin")
-    if origin is not None and not isinstance(origin, str):
-        raise DecodeError("encode: field origin must be str")
-    event_id = doc.get("event_id")
-    return TransitionEvent(
-        event_id=uuid.uuid4().hex if event_id is None else _field(doc, "event_id", str, None),
-        type=_field(doc, "type", str, None),
-        tenant=_field(doc, "tenant", str, ""),
-        target=tuple(target),
-        due_ns=_field(doc, "due_ns", int, 0),
-        payload=bytes(payload) if isinstance(payload, bytes | bytearray) else json_dumps(payload),
-        produced_ns=_field(doc, "produced_ns", int, time.time_ns()),
-        attempt=_field(doc, "attempt", int, 1),
-        origin=origin,
-    )
+    return event_from_mapping(cast(Mapping[str, object], obj))
 
 
 @dataclass(frozen=True, slots=True)

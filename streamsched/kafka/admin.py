@@ -292,7 +292,7 @@ async def _wait_visible(admin: Any, specs: list[TopicSpec], created: set[str], t
                       and (d["topic"] not in created or all(p["leader"] >= 0 for p in d["partitions"]))}
         rfs = {d["topic"]: min(len(p["replicas"]) for p in d["partitions"]) for d in described
                if d["topic"] in partitions}
-        configs = await _describe_configs(admin, names) if len(partitions) == len(set(names)) else {}
+        configs = await describe_configs(admin, names) if len(partitions) == len(set(names)) else {}
         invisible = sorted(n for n in set(names) if n not in partitions or n not in configs)
         if not invisible:
             return partitions, configs, rfs
@@ -301,7 +301,7 @@ async def _wait_visible(admin: Any, specs: list[TopicSpec], created: set[str], t
         await asyncio.sleep(0.1)
 
 
-async def _describe_configs(admin: Any, names: list[str]) -> dict[str, dict[str, str]]:
+async def describe_configs(admin: Any, names: list[str]) -> dict[str, dict[str, str]]:
     """Configs of the topics the answering broker knows (an unknown topic is left out)."""
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -338,8 +338,8 @@ def _verify(specs: list[TopicSpec], partitions: dict[str, int], configs: dict[st
     return sorted(found, key=lambda m: m.field in DRIFT_FIELDS)
 
 
-async def partition_count(bootstrap: clients.Conn, topic: str) -> int:
-
+async def partition_count(bootstrap: clients.Conn, topic: str, *, missing_ok: bool = False) -> int:
+    """How many partitions ``topic`` has; a missing topic is a ConfigError (0 with ``missing_ok``)."""
     admin = clients.admin(bootstrap)
     await admin.start()
     try:
@@ -347,6 +347,8 @@ async def partition_count(bootstrap: clients.Conn, topic: str) -> int:
         for d in described:
             if d["topic"] == topic and d.get("error_code", 0) == 0:
                 return len(d["partitions"])
+        if missing_ok:
+            return 0
         raise ConfigError(f"topic {topic} does not exist")
     finally:
         await admin.close()

@@ -156,13 +156,9 @@ def plan_scheduler(s: SchedulerDef, principal: str, *, catalogs: Iterable[str] =
 def plan_app(app: App, *, principal: str | None = None, scheduler: str | None = None,
              catalogs: Iterable[str] = ()) -> list[Acl]:
     """ACLs of every scheduler of ``app`` (or one): each under ``principal``, else ``User:<name>``."""
-    names = [scheduler] if scheduler else list(app.schedulers)
-    unknown = [n for n in names if n not in app.schedulers]
-    if unknown:
-        raise ConfigError(f"no scheduler named {unknown[0]!r} in app {app.name}")
     acls: set[Acl] = set()
-    for name in names:
-        acls.update(plan_scheduler(app.schedulers[name], principal or f"User:{name}", catalogs=catalogs))
+    for sched in app.select(scheduler):
+        acls.update(plan_scheduler(sched, principal or f"User:{sched.name}", catalogs=catalogs))
     return sorted(acls)
 
 
@@ -328,18 +324,12 @@ def plan_from_args(args: argparse.Namespace) -> list[Acl]:
         raise ConfigError(f"--role {role} needs --principal User:NAME")
     topics = set(args.target or args.topic or ())
     if app is not None:
-        topics |= {s.topic for s in _schedulers(app, args.scheduler)}
+        topics |= {s.topic for s in app.select(args.scheduler)}
     if role == "producer":
         return plan_producer(topics, args.principal)
     if not args.catalog:
         raise ConfigError("--role ticker needs --catalog NAME")
     return sorted({a for c in args.catalog for a in plan_ticker(c, topics, args.principal)})
-
-
-def _schedulers(app: App, name: str | None) -> list[SchedulerDef]:
-    if name is not None and name not in app.schedulers:
-        raise ConfigError(f"no scheduler named {name!r} in app {app.name}")
-    return [app.schedulers[name]] if name is not None else list(app.schedulers.values())
 
 
 def run_acl(args: argparse.Namespace) -> int:

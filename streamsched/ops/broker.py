@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +35,7 @@ from streamsched.ops.broker_jars import (
     cache_dir,
     ensure_jars,
     is_kafka4,
+    java,
     kafka_version,
     logging_config,
     pom_for,
@@ -217,7 +217,7 @@ class LocalCluster:
         (spec.data_dir / name).write_text(text)
         if (spec.data_dir / "log" / "meta.properties").exists():
             return
-        cmd = [_java(), "-Xmx256m", "-cp", f"{lib}/*", "kafka.tools.StorageTool",
+        cmd = [java(), "-Xmx256m", "-cp", f"{lib}/*", "kafka.tools.StorageTool",
                "format", "-t", cluster_id, "-c", str(conf), "--ignore-formatted"]
         if self.security is not None:
             cmd += self.security.format_args()  # SCRAM users exist before the first start
@@ -234,7 +234,7 @@ class LocalCluster:
         return env
 
     def _launch(self, spec: NodeSpec, lib: Path) -> subprocess.Popen[bytes]:
-        cmd = [_java(), self.heap, "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        cmd = [java(), self.heap, "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                "-Djava.awt.headless=true",
                f"-Dkafka.logs.dir={spec.data_dir}"]
         name, _, option = logging_config(self.version)
@@ -326,16 +326,6 @@ class LocalCluster:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.stop)
-
-
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").exists():
-        return str(Path(home) / "bin" / "java")
-    java = shutil.which("java")
-    if java is None:
-        raise BrokerError("java is not on PATH (Java 17 is required to run the local broker)")
-    return java
 
 
 def _pid_alive(pid: int) -> bool:

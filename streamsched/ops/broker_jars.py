@@ -81,6 +81,17 @@ def pom_for(version: str) -> str:
     return pom
 
 
+def java() -> str:
+    """The ``java`` of ``JAVA_HOME``, else the one on PATH (Java 17 runs Kafka and its tools)."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise BrokerError("java is not on PATH (Java 17 is required to run the local broker)")
+    return found
+
+
 def ensure_jars(version: str | None = None, *, quiet: bool = True) -> Path:
     """Resolve the broker's runtime classpath of ``version`` with Maven once; later calls hit the cache."""
     version = kafka_version(version)

@@ -305,18 +305,35 @@ def _secret(name: str, file_path: str | None, env: Mapping[str, str],
     return Secret(value) if value else None
 
 
-def load_token_provider(ref: str) -> Any:
-    """The OAUTHBEARER token provider named ``MODULE:ATTR`` (an aiokafka AbstractTokenProvider
-    class is instantiated; an instance or a callable returning a token is used as is)."""
+def import_ref(ref: str, what: str = "the reference") -> Any:
+    """The object ``MODULE:ATTR`` names (the working directory is importable), or a one-line
+    :class:`ConfigError` saying what is wrong with the reference: never an import traceback.
+    Used for apps (``streamsched run APP``) and OAUTHBEARER token providers."""
     module, _, attr = ref.partition(":")
     if not module or not attr:
-        raise ConfigError(f"the token provider must be MODULE:ATTR, got {ref!r}")
+        raise ConfigError(f"{what}: expected MODULE:ATTR, got {ref!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load the token provider {ref} ({type(exc).__name__})") from None
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+            raise ConfigError(f"{ref}: no module named {exc.name!r} (not on PYTHONPATH nor in the "
+                              "working directory)") from None
+        raise ConfigError(f"{ref}: importing {module} failed: no module named {exc.name!r}") from None
+    except Exception as exc:
+        # The type (and where, for a syntax error), not the message: it is the module's own text.
+        where = f" at {exc.filename}:{exc.lineno}" if isinstance(exc, SyntaxError) else ""
+        raise ConfigError(f"{ref}: importing {module} failed: {type(exc).__name__}{where}") from exc
+    if not hasattr(loaded, attr):
+        raise ConfigError(f"{ref}: module {module} has no attribute {attr!r}")
+    return getattr(loaded, attr)
+
+
+def load_token_provider(ref: str) -> Any:
+    """The OAUTHBEARER token provider named ``MODULE:ATTR`` (an aiokafka AbstractTokenProvider
+    class is instantiated; an instance or a callable returning a token is used as is)."""
+    obj = import_ref(ref, "the token provider")
     from aiokafka.abc import AbstractTokenProvider
 
     if isinstance(obj, type) and issubclass(obj, AbstractTokenProvider):

@@ -22,16 +22,13 @@ records each partition will read again.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, Literal
 
-from streamsched.errors import BrokerError, ConfigError, StreamschedError
+from streamsched.errors import ConfigError, StreamschedError
 from streamsched.kafka import clients
-from streamsched.worker.app import SchedulerDef
 
 _LIVE_STATES = frozenset({"Stable", "PreparingRebalance", "CompletingRebalance", "Assigning", "Reconciling"})
 
@@ -107,18 +104,6 @@ def parse_target(*, earliest: bool = False, offsets: str | None = None, at: str 
         return Target("offset", offsets=parse_offsets(offsets))
     assert at is not None
     return Target("time", time_ms=parse_time(at))
-
-
-def pick_scheduler(app: Any, name: str | None, ref: str) -> SchedulerDef:
-    """The scheduler ``name`` of ``app`` (optional when the app has exactly one)."""
-    schedulers: dict[str, SchedulerDef] = getattr(app, "schedulers", {})
-    if name is None:
-        if len(schedulers) != 1:
-            raise ConfigError(f"{ref} has {len(schedulers)} schedulers: name one with --scheduler")
-        return next(iter(schedulers.values()))
-    if name not in schedulers:
-        raise ConfigError(f"no scheduler named {name!r} in {ref}")
-    return schedulers[name]
 
 
 # --- the plan and the reset -------------------------------------------------------------------------
@@ -212,16 +197,6 @@ async def _partitions(consumer: Any, topic: str) -> set[int]:
     return set(parts or ())
 
 
-async def topic_partitions(bootstrap: clients.Conn, topic: str) -> int:
-    """How many partitions ``topic`` has (0: it does not exist)."""
-    consumer = clients.consumer(bootstrap)
-    await consumer.start()
-    try:
-        return len(await _partitions(consumer, topic))
-    finally:
-        await consumer.stop()
-
-
 async def _plan(consumer: Any, group: str, topic: str, target: Target) -> ReplayPlan:
     from aiokafka import TopicPartition
 
@@ -305,25 +280,10 @@ CONSUMER_GROUP_COMMAND = "org.apache.kafka.tools.consumer.group.ConsumerGroupCom
 in the core jar before)."""
 
 
-def kafka_tools_lib() -> Path:
-    """The cached Kafka classpath, with Kafka's command-line tools (``kafka-tools``) on it.
-
-    A cache resolved before ``kafka-tools`` was added to the pom lacks the jar: resolve it once more.
-    """
-    from streamsched.ops.broker import ensure_jars
-
-    lib = ensure_jars()
-    if not any(lib.glob("kafka-tools-[0-9]*.jar")):
-        (lib.parent / "resolved.ok").unlink(missing_ok=True)
-        lib = ensure_jars()
-    if not any(lib.glob("kafka-tools-[0-9]*.jar")):
-        raise BrokerError(f"kafka-tools is missing from {lib} after resolving the pom")
-    return lib
-
-
 def consumer_groups_command(bootstrap: str, *args: str) -> list[str]:
     """argv of Kafka's ``kafka-consumer-groups --bootstrap-server BOOTSTRAP ARGS`` on this machine's Java."""
-    home = os.environ.get("JAVA_HOME")
-    java = str(Path(home) / "bin" / "java") if home and (Path(home) / "bin" / "java").exists() else "java"
-    return [java, "-Xmx256m", "-cp", f"{kafka_tools_lib()}/*", CONSUMER_GROUP_COMMAND,
+    from streamsched.ops.broker_jars import ensure_jars, java
+
+    # The cached classpath has Kafka's command-line tools (kafka-tools) on it.
+    return [java(), "-Xmx256m", "-cp", f"{ensure_jars()}/*", CONSUMER_GROUP_COMMAND,
             "--bootstrap-server", bootstrap, *args]

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from streamsched.kafka import clients
+from streamsched.kafka.admin import partition_count
 from streamsched.kafka.writer import partition_for_key
-from streamsched.ops.replay import Target, plan_reset, topic_partitions
+from streamsched.ops.replay import Target, plan_reset
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.selection import classify
 from streamsched.worker.store import (
@@ -157,7 +158,8 @@ async def verify(bootstrap: clients.Conn, scheduler: SchedulerDef, target: Targe
     start = {p.partition: p.new_offset for p in plan.partitions}
     end = {p.partition: p.end for p in plan.partitions}
     report = VerifyReport(scheduler.name, scheduler.topic, scheduler.group, target, start, end)
-    state_exists = await topic_partitions(bootstrap, scheduler.state_topic) > 0  # else: never run
+    # No state topic: the scheduler never ran.
+    state_exists = await partition_count(bootstrap, scheduler.state_topic, missing_ok=True) > 0
     states: dict[int, PartitionState] = {}
 
     async def state_of(p: int) -> PartitionState:

@@ -272,6 +272,22 @@ class App:
         self.name = validate_name(name, "app")
         self.schedulers: dict[str, SchedulerDef] = {}
 
+    def select(self, name: str | None = None) -> list[SchedulerDef]:
+        """Every scheduler, or only ``name`` (a :class:`ConfigError` if the app has none so
+        named): what ``run``, ``acl`` and ``replay`` act on when given ``--scheduler``."""
+        if name is None:
+            return list(self.schedulers.values())
+        if name not in self.schedulers:
+            raise ConfigError(f"no scheduler named {name!r} in app {self.name}")
+        return [self.schedulers[name]]
+
+    def one(self, name: str | None = None) -> SchedulerDef:
+        """The scheduler ``name``; without one, the app's only scheduler (else ConfigError)."""
+        if name is None and len(self.schedulers) != 1:
+            raise ConfigError(f"app {self.name} has {len(self.schedulers)} schedulers: "
+                              "name one with --scheduler")
+        return self.select(name)[0]
+
     def scheduler(self, *, topic: str, selection: Selection, commands: Iterable[Command],
                   name: str | None = None, **options: Any) -> Callable[[Handler], Handler]:
         """Declare a scheduler; the decorated async function is its handler.

@@ -31,6 +31,7 @@ from io import BytesIO
 from typing import Any
 
 from streamsched.kafka import clients
+from streamsched.kafka.admin import describe_configs
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,6 @@ def _topic_id_request(topics: list[str]) -> Any:
 
 async def describe(conn: clients.Conn, topic: str) -> TopicIdentity:
     """The identity and tombstone retention of ``topic`` (unknown parts are None / the default)."""
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-
     admin = clients.admin(conn)
     await admin.start()
     try:
@@ -146,15 +145,9 @@ async def describe(conn: clients.Conn, topic: str) -> TopicIdentity:
                     topic_id = str(uuid.UUID(bytes=raw_id))
         except Exception as exc:  # noqa: BLE001 - an old broker: identity unknown, offsets still checked
             log.info("topic id of %s unavailable (%s); relying on offset checks", topic, type(exc).__name__)
-        retention = DEFAULT_DELETE_RETENTION_MS
-        for resp in await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)]):
-            for res in resp.resources:
-                error_code, _, _, name, entries = res[:5]
-                if error_code == 0 and name == topic:
-                    for entry in entries:
-                        if entry[0] == "delete.retention.ms" and entry[1] is not None:
-                            retention = int(entry[1])
-        return TopicIdentity(cluster_id, topic_id, retention)
+        retention = (await describe_configs(admin, [topic])).get(topic, {}).get("delete.retention.ms")
+        return TopicIdentity(cluster_id, topic_id,
+                             int(retention) if retention is not None else DEFAULT_DELETE_RETENTION_MS)
     finally:
         await admin.close()
 

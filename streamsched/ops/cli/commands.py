@@ -99,10 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from streamsched.worker.intake import Worker, worker_config_from_env
 
     app = load_app(args.app)
-    names = [args.scheduler] if args.scheduler else list(app.schedulers)
-    unknown = [n for n in names if n not in app.schedulers]
-    if unknown:
-        raise ConfigError(f"no scheduler named {unknown[0]!r} in {args.app}")
+    selected = app.select(args.scheduler)
     # --no-create-topics: a least-authority role has no CREATE; its topics are an operator's job.
     # --store-dir / --outcome-horizon: unset leaves the environment's (or the default) in force.
     store = {k: v for k, v in (("store_dir", args.store_dir), ("outcome_horizon_s", args.outcome_horizon))
@@ -113,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         stop = stop_on_signals()
-        workers = [Worker(app.schedulers[n], config) for n in names]
+        workers = [Worker(sched, config) for sched in selected]
         async with contextlib.AsyncExitStack() as stack:
             # Ready when every scheduler's worker is.
             await serve_status(stack, args, [w.metrics for w in workers],
@@ -207,7 +204,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     members), or ``--verify``: re-read the range and report what a replay would execute."""
     from streamsched.ops import replay, replay_verify
 
-    sched = replay.pick_scheduler(load_app(args.app), args.scheduler, args.app)
+    sched = load_app(args.app).one(args.scheduler)
     target = replay.parse_target(earliest=args.to_earliest, offsets=args.to_offset, at=args.to_time)
     bootstrap = connect(args)
     if args.verify:

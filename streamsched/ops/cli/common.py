@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ from streamsched.errors import ConfigError, StreamschedError
 
 if TYPE_CHECKING:
     from streamsched.kafka.clients import Connection
+    from streamsched.worker.app import App
 
 DEFAULT_DATA_DIR = Path(".streamsched/broker")
 _early_stop: list[int] = []
@@ -35,28 +35,14 @@ def connect(args: argparse.Namespace) -> Connection:
     return resolve_connection(args)
 
 
-def load_app(ref: str) -> Any:
+def load_app(ref: str) -> App:
     """The app ``MODULE:ATTR`` names (the working directory is importable), or a one-line
     :class:`ConfigError` saying what is wrong with the reference: never an import traceback."""
-    module, _, attr = ref.partition(":")
-    if not module or not attr:
-        raise ConfigError(f"expected MODULE:ATTR, got {ref!r}")
-    sys.path.insert(0, os.getcwd())
-    try:
-        loaded = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
-            raise ConfigError(f"{ref}: no module named {exc.name!r} (not on PYTHONPATH nor in the "
-                              "working directory)") from None
-        raise ConfigError(f"{ref}: importing {module} failed: no module named {exc.name!r}") from None
-    except Exception as exc:
-        # The type (and where, for a syntax error), not the message: it is the app's own text.
-        where = f" at {exc.filename}:{exc.lineno}" if isinstance(exc, SyntaxError) else ""
-        raise ConfigError(f"{ref}: importing {module} failed: {type(exc).__name__}{where}") from exc
-    if not hasattr(loaded, attr):
-        raise ConfigError(f"{ref}: module {module} has no attribute {attr!r}")
-    app = getattr(loaded, attr)
-    if not hasattr(app, "schedulers"):
+    from streamsched.ops.config import import_ref
+    from streamsched.worker.app import App
+
+    app = import_ref(ref, "the app")
+    if not isinstance(app, App):
         raise ConfigError(f"{ref} is a {type(app).__name__}, not a streamsched.App")
     return app
 
