@@ -27,6 +27,17 @@ TXN_DEADLINE_S = 60.0
 TRANSACTION_TIMEOUT_MS = int(TXN_DEADLINE_S * 1000)
 ABORT_DEADLINE_S = 10.0
 """How long an abort may take: a producer that cannot commit may not abort either."""
+RETRY_BACKOFF_MS = 20
+"""``retry_backoff_ms`` of the owners' transactional producers (aiokafka's default is 100).
+
+Kafka 3.6+ brokers verify each transactional produce with the coordinator (KIP-890 part 1) and
+answer a produce that arrives while the previous transaction's markers are still being written
+with NOT_ENOUGH_REPLICAS (their translation of CONCURRENT_TRANSACTIONS for clients that predate
+it, aiokafka included). An owner begins its next transaction right after a commit, so this is
+routine: measured on a 4.4.0 broker, ~300 such retries per 150,000 Kafka-native items, each
+holding its transaction for the backoff. 20 ms is the back-off the Java client (and aiokafka,
+for AddPartitionsToTxn) uses for the same condition. Measured (150,000 Kafka-native items over 8
+partitions, one 4.4.0 broker, 2 cores): drained in 23.6-24.1 s at 10-20 ms, 25.4-27.0 s at 100."""
 
 
 async def transaction(producer: Any, body: Callable[[], Awaitable[None]], *,

@@ -19,7 +19,7 @@ from typing import Any
 
 from streamsched.kafka import clients
 from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
-from streamsched.kafka.txn import TRANSACTION_TIMEOUT_MS
+from streamsched.kafka.txn import RETRY_BACKOFF_MS, TRANSACTION_TIMEOUT_MS
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_id
 from streamsched.schedules.catalog import Catalog
@@ -54,7 +54,8 @@ class Ticker:
             name=catalog.definitions_topic, bootstrap=config.bootstrap,
             transactional_id=lambda p: transactional_id("ticker", catalog.name, partition=p),
             producer_options=lambda _p: {"max_batch_size": 1024 * 1024,
-                                         "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS},
+                                         "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
+                                         "retry_backoff_ms": RETRY_BACKOFF_MS},
             restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s)
         self.owners: Owners[PartitionTicker] = Owners(spec, self.metrics, on_start=self._hold,
                                                       on_stop=self._hold)

@@ -33,7 +33,7 @@ from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply, partition_count
 from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
-from streamsched.kafka.txn import TRANSACTION_TIMEOUT_MS
+from streamsched.kafka.txn import RETRY_BACKOFF_MS, TRANSACTION_TIMEOUT_MS
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_id
 from streamsched.wire.delay import due_ns
@@ -151,6 +151,7 @@ class Worker:
             producer_options=lambda p: dict(max_batch_size=1024 * 1024, max_request_size=2 * 1024 * 1024,
                                             request_timeout_ms=30_000,
                                             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+                                            retry_backoff_ms=RETRY_BACKOFF_MS,
                                             client_id=f"{config.owner}-p{p}"),
             restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s)
         self.owners: Owners[PartitionRunner] = Owners(spec, self.metrics, on_start=self._hold,
