@@ -379,8 +379,20 @@ def _spread_probes(n_per_partition: int) -> list[Any]:
     return probes
 
 
-async def latency(ctx: Context, kind: str, rate: float, seconds: float) -> tuple[float, float, int]:
-    """(p50 ms, p99 ms, items) of end-to-end latency at ``rate`` items/s (see module docs)."""
+Latency = tuple[float, float, int, float, float]
+"""p50 ms, p99 ms, items (from the hand-off to ``send_many``); p50 ms, p99 ms from the input
+record's timestamp (its CreateTime, set when the producer appends it)."""
+
+
+def _quantiles(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0, 0.0
+    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+async def latency(ctx: Context, kind: str, rate: float, seconds: float) -> Latency:
+    """End-to-end latency at ``rate`` items/s (see module docs and :data:`Latency`)."""
     topic = f"bench-lat-{tag()}"
     await apply(ctx.bootstrap, [TopicSpec(topic, PARTITIONS)])
     name = f"benchl{kind[0]}{tag()}"
@@ -401,24 +413,36 @@ async def latency(ctx: Context, kind: str, rate: float, seconds: float) -> tuple
         reader = clients.consumer(ctx.bootstrap, fetch_max_wait_ms=5)
         await reader.start()
         tps = [TopicPartition(sched.state_topic, p) for p in range(PARTITIONS)]
-        reader.assign(tps)
-        await reader.seek_to_end(*tps)
-        for tp in tps:
+        inputs = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        reader.assign(tps + inputs)
+        await reader.seek_to_end(*tps, *inputs)
+        for tp in tps + inputs:
             await reader.position(tp)
         sent: dict[str, int] = {}
         seen: dict[str, float] = {}
+        routes: dict[bytes, str] = {}
+        stamped: dict[str, int] = {}
+        """Identity -> its input record's timestamp (ms)."""
+        seen_record: dict[str, float] = {}
         stop = asyncio.Event()
 
         async def read() -> None:
             while not stop.is_set():
                 batch = await reader.getmany(timeout_ms=20)
                 now = time.time_ns()
-                for records in batch.values():
+                for tp, records in batch.items():
+                    if tp.topic == topic:
+                        for rec in records:
+                            identity = routes.get(rec.key)
+                            if identity is not None:
+                                stamped.setdefault(identity, rec.timestamp)
+                        continue
                     for rec in records:
                         st = decode_claim(rec.value)
                         t0 = sent.get(st.identity)
                         if t0 is not None and st.status is ClaimStatus.RELEASED and st.identity not in seen:
                             seen[st.identity] = (now - t0) / 1e6
+                            seen_record[st.identity] = now / 1e6
 
         reading = asyncio.create_task(read())
         sends: list[asyncio.Task[Any]] = []
@@ -431,7 +455,9 @@ async def latency(ctx: Context, kind: str, rate: float, seconds: float) -> tuple
                     events = [make_event("due", f"t{i % 7}", [f"lat-{i}"], due_ns=i) for i in range(n, due)]
                     now = time.time_ns()
                     for ev in events:
-                        sent[sched.resolve_identity(ev.due_ns, ev.tenant, ev.target)] = now
+                        identity = sched.resolve_identity(ev.due_ns, ev.tenant, ev.target)
+                        sent[identity] = now
+                        routes[route_key(ev.tenant, ev.target)] = identity
                     sends.append(asyncio.create_task(producer.send_many(topic, events)))
                     n = due
                 await asyncio.sleep(0.005)
@@ -444,12 +470,10 @@ async def latency(ctx: Context, kind: str, rate: float, seconds: float) -> tuple
         await reader.stop()
         if len(seen) < len(sent):
             log(f"latency: {len(sent) - len(seen)} of {len(sent)} items not seen")
-        ordered = [seen[i] for i in list(sent)[len(sent) // 5:] if i in seen]
-        ordered.sort()
-        if not ordered:
-            return 0.0, 0.0, 0
-        return (ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-                len(ordered))
+        measured = [i for i in list(sent)[len(sent) // 5:] if i in seen]
+        p50, p99 = _quantiles([seen[i] for i in measured])
+        r50, r99 = _quantiles([seen_record[i] - stamped[i] for i in measured if i in stamped])
+        return p50, p99, len(measured), r50, r99
     finally:
         proc.finish()
 
@@ -506,7 +530,7 @@ async def main(bootstrap: str, broker_pid: int | None, args: argparse.Namespace,
             return med([m.broker_cpu_ms_per_item if broker else m.cpu_ms_per_item for m in res[k]], 4)
 
         native, external = rate("native")[0], rate("external")[0]
-        lat: dict[str, list[tuple[float, float, int]]] = {"native": [], "external": []}
+        lat: dict[str, list[Latency]] = {"native": [], "external": []}
         for _ in range(rounds):
             for kind, max_rate in (("native", native), ("external", external)):
                 lat[kind].append(await latency(ctx, kind, 0.5 * max_rate, args.latency_seconds))
@@ -538,6 +562,11 @@ async def main(bootstrap: str, broker_pid: int | None, args: argparse.Namespace,
     for suffix, kind in (("", "native"), ("_external", "external")):
         out[f"p50{suffix}_ms"], out[f"p50{suffix}_ms_range"] = med([x[0] for x in lat[kind]], 2)
         out[f"p99{suffix}_ms"], out[f"p99{suffix}_ms_range"] = med([x[1] for x in lat[kind]], 2)
+        # From the input record's timestamp: without the load generator's own queueing.
+        out[f"p50{suffix}_from_record_ms"], out[f"p50{suffix}_from_record_ms_range"] = med(
+            [x[3] for x in lat[kind]], 2)
+        out[f"p99{suffix}_from_record_ms"], out[f"p99{suffix}_from_record_ms_range"] = med(
+            [x[4] for x in lat[kind]], 2)
     out["latency_load_per_s"] = round(0.5 * native, 1)
     out["latency_load_external_per_s"] = round(0.5 * external, 1)
     out["latency_items"] = sum(x[2] for x in lat["native"])

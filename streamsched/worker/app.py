@@ -168,7 +168,11 @@ class Commands:
                 self._results.append(result)
                 return result
             produced = command.fn(self._ctx, **kwargs)
-            emits = await produced if inspect.isawaitable(produced) else produced
+            emits: list[Emit]
+            if type(produced) is list or not inspect.isawaitable(produced):
+                emits = produced  # a list (the usual answer) is never awaitable: no inspect call
+            else:
+                emits = await produced
             for emit in emits:
                 if not isinstance(emit, Emit) or emit.topic not in command.outputs:
                     raise CommandNotAllowed(f"{name} -> {getattr(emit, 'topic', '?')}", self._scheduler)
