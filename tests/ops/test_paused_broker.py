@@ -24,6 +24,7 @@ import pytest
 from consumers.harness import Workflow, audit, build_events, produce
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.kafka.reads import group_lag
 from streamsched.model.names import internal_topic
 from streamsched.ops.broker import LocalCluster
 from streamsched.testing import WorkerProcess, wait_drained, wait_for
@@ -163,30 +164,6 @@ async def test_a_reset_against_a_moved_leader_does_not_stall_the_consumer(
         await consumer.stop()
 
 
-async def _lag(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    """Records of ``topic`` not yet committed by ``group``, per partition (failure reports)."""
-    from aiokafka import TopicPartition
-
-    admin = clients.admin(bootstrap)
-    consumer = clients.consumer(bootstrap)
-    await admin.start()
-    await consumer.start()
-    try:
-        committed = await admin.list_consumer_group_offsets(group)
-        tps = [TopicPartition(topic, p) for p in range(await _partitions(admin, topic))]
-        ends = await consumer.end_offsets(tps)
-        return {tp.partition: ends[tp] - (committed[tp].offset if tp in committed else 0)
-                for tp in tps}
-    finally:
-        await consumer.stop()
-        await admin.close()
-
-
-async def _partitions(admin: Any, topic: str) -> int:
-    (described,) = await admin.describe_topics([topic])
-    return len(described["partitions"])
-
-
 async def _produce_round(bootstrap: str, topic: str, tag: str) -> None:
     producer = clients.producer(bootstrap)
     await producer.start()
@@ -251,7 +228,10 @@ async def test_worker_drains_within_seconds_after_a_paused_broker(cluster3: Loca
             await wait_drained(bootstrap, wf.group, wf.topic,
                                timeout=RECOVERY_S - (time.monotonic() - resumed))
         except TimeoutError:
-            lag = await _lag(bootstrap, wf.group, wf.topic)
+            lag = {}
+            for name, t in (("transition", wf.topic), ("delay", delay)):
+                got = await group_lag(bootstrap, wf.group, t)
+                lag[name] = {p: got.end[p] - got.committed.get(p, 0) for p in got.end}
             worker.terminate()  # its last log line is its metrics (restarts, given-up partitions)
             failed_lookups = log.read_text(errors="replace").count("Failed fetch offsets")
             pytest.fail(f"worker did not drain {RECOVERY_S:.0f}s after broker {victim} resumed "
