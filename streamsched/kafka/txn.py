@@ -25,6 +25,8 @@ from streamsched.metrics import Metrics
 TXN_DEADLINE_S = 60.0
 """Begin to commit, at most; also the owners' producers' transaction timeout."""
 TRANSACTION_TIMEOUT_MS = int(TXN_DEADLINE_S * 1000)
+MAX_TXN_DEADLINE_S = 900.0
+"""The broker's default ``transaction.max.timeout.ms`` (15 min): a longer timeout is refused."""
 ABORT_DEADLINE_S = 10.0
 """How long an abort may take: a producer that cannot commit may not abort either."""
 RETRY_BACKOFF_MS = 20

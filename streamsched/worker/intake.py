@@ -33,7 +33,7 @@ from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply, partition_count
 from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
-from streamsched.kafka.txn import RETRY_BACKOFF_MS, TRANSACTION_TIMEOUT_MS
+from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_id
 from streamsched.wire.delay import due_ns
@@ -82,6 +82,13 @@ class WorkerConfig:
     outcome_horizon_s: float = HORIZON_DEFAULT_S
     """How long a resolved identity is remembered (1 h .. 365 d; see :mod:`streamsched.worker.store`):
     an event replayed after it runs again, guarded only by the destination's idempotency key."""
+    transaction_deadline_s: float = TXN_DEADLINE_S
+    """A partition's transaction not committed after this long fails its owner (which restarts
+    on a fresh producer); also the producers' transaction timeout (see kafka/txn.py)."""
+
+    def __post_init__(self) -> None:
+        if not 1.0 <= self.transaction_deadline_s <= MAX_TXN_DEADLINE_S:
+            raise ConfigError(f"transaction_deadline_s must be within 1..{MAX_TXN_DEADLINE_S:.0f} s")
 
 
 class PartitionRunner:
@@ -150,7 +157,7 @@ class Worker:
             transactional_id=lambda p: transactional_id("scheduler", s.group, s.topic, partition=p),
             producer_options=lambda p: dict(max_batch_size=1024 * 1024, max_request_size=2 * 1024 * 1024,
                                             request_timeout_ms=30_000,
-                                            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+                                            transaction_timeout_ms=int(config.transaction_deadline_s * 1000),
                                             retry_backoff_ms=RETRY_BACKOFF_MS,
                                             client_id=f"{config.owner}-p{p}"),
             restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s)
@@ -266,7 +273,8 @@ class Worker:
         turns = TurnRunner(self.scheduler, p, owner.producer, state,
                            owner=self.config.owner, metrics=self.metrics,
                            commit_interval_s=self.config.commit_interval_s,
-                           bootstrap=self.config.bootstrap)
+                           bootstrap=self.config.bootstrap,
+                           txn_deadline_s=self.config.transaction_deadline_s)
         # Resume from the committed offsets, read after our fence: no earlier owner can move
         # them any more, and a failed batch of a previous owner of ours comes back.
         resume: dict[Any, int] = {}

@@ -12,6 +12,7 @@ metadata every few seconds and whenever an offset lookup fails.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import time
 import uuid
@@ -243,3 +244,78 @@ async def test_worker_drains_within_seconds_after_a_paused_broker(cluster3: Loca
     result = await audit(bootstrap, wf, events)
     assert result.missing == 0 and result.extra_effects == 0, result
     assert result.effects == result.unique == 90, result
+
+
+async def test_a_transaction_a_paused_broker_holds_is_given_up_at_its_deadline(
+        cluster3: LocalCluster, recording_scheduler: Any) -> None:
+    """The transaction deadline (streamsched/kafka/txn.py) on a real cluster. The transaction
+    coordinator of partition 0's producer is paused (SIGSTOP) for longer than the deadline while
+    that partition has work: its transaction cannot commit (aiokafka would wait for its 30 s
+    request timeout and retry). The owner gives the transaction up at the deadline
+    (``stuck_transactions``), restarts on a fresh producer, and once the broker is back every
+    event is resolved."""
+    from aiokafka.admin import NewTopic
+    from aiokafka.errors import GroupCoordinatorNotAvailableError
+
+    from streamsched.kafka.owner import RestartPolicy
+    from streamsched.kafka.writer import partition_for_key
+    from streamsched.model.identity import route_key
+    from streamsched.model.names import transactional_id
+    from streamsched.testing import make_event, produce_events, running_worker
+
+    topic = f"stuck-{uuid.uuid4().hex[:8]}"
+    rec = recording_scheduler(topic)
+    sched = rec.sched
+    admin = clients.admin(cluster3.bootstrap)
+    await admin.start()
+    try:
+        tid = transactional_id("scheduler", sched.group, topic, partition=0)
+        found: list[int] = []
+
+        async def coordinator() -> bool:
+            try:  # the first lookup on a fresh cluster creates the transaction state topic
+                found.append(int(await admin.find_coordinator(tid, coordinator_type=1)))
+            except GroupCoordinatorNotAvailableError:
+                return False
+            return True
+
+        await wait_for(coordinator, timeout=60, what="the transaction coordinator")
+        victim = found[-1]
+        live = [n.node_id for n in cluster3.specs if n.node_id != victim]
+        # The input lives on the other two nodes only, so this test can produce while it is paused.
+        await admin.create_topics([NewTopic(topic, -1, -1, replica_assignments={p: live for p in range(3)})])
+    finally:
+        await admin.close()
+    await apply(cluster3.bootstrap, [TopicSpec(topic, 3, replication=2)])  # waits until visible
+    reachable = ",".join(n.bootstrap for n in cluster3.specs if n.node_id != victim)
+
+    def events(tag: str) -> list[Any]:
+        """Ten events per partition."""
+        per: dict[int, list[Any]] = {p: [] for p in range(3)}
+        for i in itertools.count():
+            ev = make_event("due", "t", [f"{tag}{i}"])
+            bucket = per[partition_for_key(route_key(ev.tenant, ev.target), 3)]
+            if len(bucket) < 10:
+                bucket.append(ev)
+            if all(len(b) == 10 for b in per.values()):
+                return [ev for b in per.values() for ev in b]
+        raise AssertionError("unreachable")
+
+    before, during = events("a"), events("b")
+    await produce_events(reachable, topic, before)
+    async with running_worker(sched, cluster3.bootstrap, transaction_deadline_s=5.0,
+                              heartbeat_interval_ms=1000,
+                              restart=RestartPolicy(initial_s=0.5, max_s=2.0)) as worker:
+        await wait_drained(cluster3.bootstrap, sched.group, topic, timeout=120)
+        cluster3.kill_node(victim, signal.SIGSTOP)
+        try:
+            await produce_events(reachable, topic, during)
+
+            async def gave_up() -> bool:
+                return worker.metrics.counters.get("stuck_transactions", 0) >= 1
+
+            await wait_for(gave_up, timeout=30, what="a transaction given up at its 5 s deadline")
+        finally:
+            cluster3.kill_node(victim, signal.SIGCONT)
+        await wait_drained(cluster3.bootstrap, sched.group, topic, timeout=RECOVERY_S)
+    assert set(rec.per_identity()) == rec.identities(before + during)

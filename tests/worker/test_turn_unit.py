@@ -454,3 +454,12 @@ async def test_a_fenced_producer_raises_and_writes_nothing(when: str) -> None:
     assert w.claims() == [claimed] and w.outputs() == [] and w.committed() is None
     assert runner.state.get(w.identity(ev)) == claimed and runner.offsets.after(None) == (None, None)
     assert not w.kafka.in_transaction(w.tid)
+
+
+@pytest.mark.parametrize("deadline", [0.5, 901.0])
+def test_a_transaction_deadline_outside_its_bounds_is_refused(deadline: float) -> None:
+    from streamsched.errors import ConfigError
+    from streamsched.worker.intake import WorkerConfig
+
+    with pytest.raises(ConfigError, match="transaction_deadline_s"):
+        WorkerConfig(bootstrap="127.0.0.1:1", transaction_deadline_s=deadline)
