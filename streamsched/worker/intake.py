@@ -278,15 +278,17 @@ class Worker:
         # Resume from the committed offsets, read after our fence: no earlier owner can move
         # them any more, and a failed batch of a previous owner of ours comes back.
         resume: dict[Any, int] = {}
-        committed: list[int | None] = []
         for tp in self._tps(p):
             offset = await asyncio.wait_for(self.consumer.committed(tp), OFFSET_LOOKUP_S)
-            committed.append(None if offset is None else int(offset))
             if offset is None:
                 offset = (await self.consumer.beginning_offsets([tp]))[tp]
             resume[tp] = int(offset)
-        # Seeded, a partition that receives nothing still steps over trailing markers (4n).
-        turns.offsets.seed(committed[0], committed[1])
+        # Seeded with where it resumes, a partition that receives nothing still steps over
+        # trailing markers (4n), also when nothing was ever committed: a delay partition that
+        # holds only an aborted transaction (a parking owner failed before its commit) must
+        # still commit past it, or its lag stays at 2 forever.
+        t_start, d_start = (resume[tp] for tp in self._tps(p))
+        turns.offsets.seed(t_start, d_start)
         runner = PartitionRunner(owner, self.scheduler, turns, resume)
 
         async def close() -> None:

@@ -137,3 +137,41 @@ async def test_logs_status_and_errors_never_carry_payloads(bootstrap: str, make_
     assert SECRET not in caplog.text
     dead = await read_topic(bootstrap, sched.dead_letter_topic)
     assert [dict(r.headers)["ss-reason"] for r in dead] == [b"internal"]
+
+
+async def test_a_delay_partition_holding_only_an_aborted_transaction_is_committed_past(
+        bootstrap: str, make_topic, recording_scheduler) -> None:
+    """A parking owner that fails before its commit leaves an aborted record and its ABORT
+    marker in the delay partition, and nothing was ever committed there. A read_committed
+    consumer receives nothing from it, so only the position shows the gap: the next owner must
+    still commit past it (seen on CI after a paused broker: delay lag 2 forever)."""
+    from aiokafka import TopicPartition
+
+    from streamsched.kafka import clients
+    from streamsched.kafka.admin import TopicSpec, apply
+    from streamsched.kafka.reads import group_lag
+
+    topic = await make_topic("ab")
+    rec = recording_scheduler(topic)
+    sched = rec.sched
+    await apply(bootstrap, [TopicSpec(sched.delay_topic, 1, 1, kind="delay")])
+    producer = clients.transactional_producer(bootstrap, f"aborted-{sched.name}")
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        await producer.send_and_wait(sched.delay_topic, b"never-committed", key=b"k", partition=0)
+        await producer.abort_transaction()
+    finally:
+        await producer.stop()
+    consumer = clients.consumer(bootstrap)
+    await consumer.start()
+    try:
+        tp = TopicPartition(sched.delay_topic, 0)
+        assert (await consumer.end_offsets([tp]))[tp] == 2  # the record and its ABORT marker
+    finally:
+        await consumer.stop()
+    await produce_events(bootstrap, topic, [make_event("due", "t", ["x"])])
+    async with running(sched, bootstrap):
+        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+    assert (await group_lag(bootstrap, sched.group, sched.delay_topic)).committed == {0: 2}
+    assert len(rec.calls) == 1
