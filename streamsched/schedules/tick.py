@@ -112,6 +112,8 @@ class PartitionTicker:
         self.fence = 1
         self.feedback: Any = None
         self.feedback_tp: Any = None
+        self.feedback_sent: int | None = None
+        """The feedback offset last committed (by a previous owner, or by this one's ticks)."""
         self.wake = asyncio.Event()
         self.targets = Targets(ticker.metrics, self.p,
                                probe=lambda topic: partition_count(ticker.config.bootstrap, topic))
@@ -170,6 +172,7 @@ class PartitionTicker:
             await self.feedback.seek_to_beginning(self.feedback_tp)
         else:
             self.feedback.seek(self.feedback_tp, committed)
+        self.feedback_sent = committed
         self.resume_at = end
 
     async def close(self) -> None:
@@ -224,7 +227,14 @@ class PartitionTicker:
                              rec.offset))
             except _UNDECODABLE:
                 self._undecodable("feedback", rec)
-        return rows, (last + 1 if last is not None else None)
+        # The consumer's position is the next offset it will return: past the rows just read and
+        # past the transaction markers after them (workers write feedback in their transactions).
+        # Committing it, not the last row + 1, keeps the group's lag at 0 between reports.
+        position = self.feedback.position_now(self.feedback_tp)
+        nxt = last + 1 if last is not None else None
+        if position is not None and position > (nxt if nxt is not None else self.feedback_sent or 0):
+            nxt = position
+        return rows, nxt
 
     async def _tick(self) -> None:
         while self.inbox:
@@ -324,6 +334,8 @@ class PartitionTicker:
         except BaseException:
             self.states, self.held = snapshot, held  # nothing was written: plan again from the durable state
             raise
+        if feedback_next is not None:
+            self.feedback_sent = feedback_next
         self.t.metrics.set_gauge("schedules_held", len(self.held), partition=str(self.p))
         if events:
             self.t.metrics.observe("commit_after_planned_seconds", (self.t.config.clock() - now) / 1e9)

@@ -190,3 +190,31 @@ async def _last_fired(catalog: Catalog, expected: dict[str, int]) -> bool:
 
 async def _is(catalog: Catalog, name: str, st: ScheduleStatus) -> bool:
     return await status(catalog, name) is st
+
+
+async def test_feedback_offsets_are_committed_past_the_reporters_markers(
+        catalog: Catalog, make_topic: Callable[..., object]) -> None:
+    """Target workers report in their transactions, so a COMMIT marker follows each report.
+    The ticker commits its consumer's position (past the marker), not the last row + 1: the
+    feedback group's lag returns to 0 instead of staying at 1 per reporting partition."""
+    from streamsched.kafka.reads import group_lag
+
+    target = await make_topic("occ")  # type: ignore[misc]
+    await catalog.schedule("every", "@every 10s", target)
+    async with ticking(catalog, Clock(T0)):
+        await wait_for(lambda: _has_states(catalog, 1), timeout=30, what="states")
+        producer = clients.transactional_producer(catalog.bootstrap, f"reporter-{catalog.name}")
+        await producer.start()
+        try:
+            row = HistoryRow("every.v1", f"every.v1/{T0}", T0, 1, "SUCCEEDED", T0)  # type: ignore[arg-type]
+            async with producer.transaction():
+                await producer.send(catalog.feedback_topic, HISTORY_CODEC.encode(row.to_record()),
+                                    key=b"every", partition=partition_for_key(b"every", catalog.partitions))
+        finally:
+            await producer.stop()
+
+        async def no_lag() -> bool:
+            lag = await group_lag(catalog.bootstrap, catalog.group, catalog.feedback_topic)
+            return sum(lag.end.values()) == 2 and lag.total == 0  # the row and its marker
+
+        await wait_for(no_lag, timeout=30, what="the feedback group to commit past the marker")
