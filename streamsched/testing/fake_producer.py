@@ -80,6 +80,7 @@ class FakeProducer:
         self._txn: TxnState | None = None
         self._faults: dict[str, list[BaseException]] = {}
         self._hooks: dict[str, list[Callable[[], None]]] = {}
+        self._hangs: set[str] = set()
         self.calls: list[str] = []
         """Every operation called, in order (for assertions about transaction shape)."""
 
@@ -92,6 +93,18 @@ class FakeProducer:
     def before(self, op: ProducerOp, hook: Callable[[], None]) -> None:
         """Run ``hook`` once, just before the next call of ``op`` (before any injected fault)."""
         self._hooks.setdefault(op, []).append(hook)
+
+    def hang(self, op: ProducerOp) -> None:
+        """Make the next call of ``op`` never return (until cancelled) and have no effect, as a
+        request aiokafka keeps retrying against a node that no longer serves it."""
+        self._hangs.add(op)
+
+    async def _entered(self, op: ProducerOp) -> None:
+        """:meth:`_enter` for the asynchronous operations, which may also :meth:`hang`."""
+        self._enter(op)
+        if op in self._hangs:
+            self._hangs.discard(op)
+            await asyncio.Event().wait()
 
     def _enter(self, op: ProducerOp) -> None:
         self.calls.append(op)
@@ -146,7 +159,7 @@ class FakeProducer:
     # --- transactions ---------------------------------------------------------------------------
 
     async def begin_transaction(self) -> None:
-        self._enter("begin_transaction")
+        await self._entered("begin_transaction")
         if self.transactional_id is None:
             raise IllegalOperation("not a transactional producer")
         if self.fenced:
@@ -158,7 +171,7 @@ class FakeProducer:
 
     async def send_offsets_to_transaction(self, offsets: Mapping[TopicPartitionLike, int],
                                           group_id: str) -> None:
-        self._enter("send_offsets_to_transaction")
+        await self._entered("send_offsets_to_transaction")
         if not group_id or not isinstance(group_id, str):
             raise ValueError(group_id)
         txn = self._writing("send_offsets_to_transaction")
@@ -169,7 +182,7 @@ class FakeProducer:
             group[TopicPartition(tp.topic, tp.partition)] = int(getattr(offset, "offset", offset))
 
     async def commit_transaction(self) -> None:
-        self._enter("commit_transaction")
+        await self._entered("commit_transaction")
         self._check_fenced()
         txn = self._in_txn("commit_transaction")
         if txn is None:
@@ -178,7 +191,7 @@ class FakeProducer:
         self.kafka._end(txn, commit=True)
 
     async def abort_transaction(self) -> None:
-        self._enter("abort_transaction")
+        await self._entered("abort_transaction")
         self._check_fenced()
         txn = self._in_txn("abort_transaction")
         if txn is None:
@@ -204,7 +217,7 @@ class FakeProducer:
                    partition: int | None = None, timestamp_ms: int | None = None,
                    headers: Sequence[Header] | None = None) -> asyncio.Future[RecordMetadata]:
         """Write one record; the returned future is already resolved (acks=all is instant here)."""
-        self._enter("send")
+        await self._entered("send")
         p = self.kafka.choose_partition(topic, key, partition)  # metadata first, as aiokafka
         txn = self._writing("send")
         rec = self.kafka._append(topic, p, key, value, tuple(headers or ()), timestamp_ms, txn)
@@ -221,7 +234,7 @@ class FakeProducer:
     async def send_batch(self, batch: FakeBatch, topic: str, *,
                          partition: int) -> asyncio.Future[RecordMetadata]:
         """Write a whole batch to one partition; resolves to the metadata of its first record."""
-        self._enter("send_batch")
+        await self._entered("send_batch")
         self.kafka.choose_partition(topic, None, partition)  # validates the partition
         txn = self._writing("send_batch")
         batch.close()

@@ -165,6 +165,20 @@ async def test_injected_commit_failure_leaves_the_transaction_abortable() -> Non
     assert p.calls == ["begin_transaction", "send", "commit_transaction", "abort_transaction"]
 
 
+async def test_an_injected_hang_waits_until_cancelled_and_has_no_effect() -> None:
+    kafka = FakeKafka()
+    kafka.create_topic("t")
+    p = await started(kafka)
+    p.hang("commit_transaction")
+    await p.begin_transaction()
+    await p.send("t", b"x", partition=0)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(p.commit_transaction(), 0.1)
+    assert kafka.in_transaction("tx-1") and values(kafka, "t") == []
+    await p.commit_transaction()  # once only
+    assert values(kafka, "t") == [b"x"]
+
+
 async def test_misuse_raises_like_aiokafka() -> None:
     kafka = FakeKafka()
     kafka.create_topic("t")

@@ -309,12 +309,7 @@ async def test_a_native_commit_that_never_returns_fails_by_its_deadline() -> Non
     await feed(runner, [w.produce(first)], 1)  # the careful claim-first batch after a start
     committed = w.committed()
     runner.txn_deadline_s = 0.2
-    never = asyncio.Event()
-
-    async def hangs() -> None:
-        await never.wait()
-
-    runner.producer.commit_transaction = hangs
+    runner.producer.hang("commit_transaction")
     with pytest.raises(TransactionStuck):
         await feed(runner, [w.produce(second)], 1)
     assert runner.producer.calls[-1] == "abort_transaction" and not w.kafka.in_transaction(w.tid)

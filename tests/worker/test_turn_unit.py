@@ -9,7 +9,6 @@ tests/worker/test_worker_kafka.py.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -423,12 +422,7 @@ async def test_a_commit_that_never_returns_fails_the_owner_by_its_deadline() -> 
     ev = event()
     runner = await w.runner()
     runner.txn_deadline_s = 0.2
-    never = asyncio.Event()
-
-    async def hangs() -> None:
-        await never.wait()
-
-    runner.producer.commit_transaction = hangs
+    runner.producer.hang("commit_transaction")
     with pytest.raises(TransactionStuck):
         await runner.step(runner.prepare([w.produce(ev)]), flush_offsets=True)
     assert runner.producer.calls[-1] == "abort_transaction" and not w.kafka.in_transaction(w.tid)
