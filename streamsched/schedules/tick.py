@@ -231,10 +231,9 @@ class PartitionTicker:
         # past the transaction markers after them (workers write feedback in their transactions).
         # Committing it, not the last row + 1, keeps the group's lag at 0 between reports.
         position = self.feedback.position_now(self.feedback_tp)
-        nxt = last + 1 if last is not None else None
-        if position is not None and position > (nxt if nxt is not None else self.feedback_sent or 0):
-            nxt = position
-        return rows, nxt
+        if position is None:
+            return rows, (last + 1 if last is not None else None)
+        return rows, (position if position > (self.feedback_sent or 0) else None)
 
     async def _tick(self) -> None:
         while self.inbox:

@@ -329,10 +329,9 @@ class Worker:
             self._sweep()
             await self.owners.supervise()
             lag = 0
-            for p, _owner in self.owners.items():
+            for p, _ in self.owners.items():
                 tp = TopicPartition(topic, p)
-                high = self._highwater(tp)
-                pos = self.consumer.position_now(tp) if high is not None else None
+                high, pos = self._highwater(tp), self.consumer.position_now(tp)
                 if high is not None and pos is not None:
                     lag += max(0, high - pos)
                 runner = self._live(p)
@@ -370,10 +369,9 @@ class Worker:
             runner.resume = None
 
     def _skip_markers(self, partition: int, runner: PartitionRunner) -> None:
-        positions = [self.consumer.position_now(tp) if self._highwater(tp) is not None else None
-                     for tp in self._tps(partition)]
+        t_position, d_position = (self.consumer.position_now(tp) for tp in self._tps(partition))
         before = runner.turns.offsets.unsent()
-        runner.turns.offsets.skip_markers(positions[0], positions[1])
+        runner.turns.offsets.skip_markers(t_position, d_position)
         if not before and runner.turns.offsets.unsent():
             runner.wake.set()
 

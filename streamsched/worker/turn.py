@@ -117,7 +117,6 @@ _RECORD_OVERHEAD = 64
 """Bytes counted per record on top of its value (key, headers, framing) against TXN_MAX_BYTES."""
 
 
-
 async def _both(first: Awaitable[None], second: Awaitable[None]) -> None:
     """Await both concurrently; raise the first failure only once both are done (so no
     failure is left unretrieved and nothing is still running when the caller aborts)."""
