@@ -6,7 +6,8 @@ For a batch of at most ``max_in_flight`` records of one partition:
             be decoded or violate a bound become dead letters (never dropped);
 2. resolve  identities already carrying a stored outcome are not executed again;
 3. claim    one transaction writes a fresh fenced claim (fence+1, ordinal+1) per identity;
-4. execute  commands run concurrently, each with its immutable context;
+4. execute  commands run concurrently (one after another while no handler has ever waited on
+            I/O: the same thing, without a task per item), each with its immutable context;
 5. release  a transaction writes outcomes, emitted events, releases (exact successor
             revisions) and dead letters; it is the same transaction that claims the next batch;
 6. commit   the offset of a resolved batch rides in a later (or the same) transaction, so it is
@@ -165,6 +166,8 @@ class TurnRunner:
         self.clock = clock
         self.retry = retry or scheduler.retry
         self._rng = random.Random()
+        self._concurrent = False
+        """A handler has suspended: batches execute concurrently from now on (``_execute_all``)."""
         self.partitions = partitions
         self.feedback = FeedbackTopics(feedback_lookup or admin_lookup(bootstrap), metrics)
         self._state_topic = scheduler.state_topic
@@ -372,10 +375,18 @@ class TurnRunner:
         """Step 4 for a batch, concurrently (at most ``max_in_flight`` items)."""
         # An item whose attempts are exhausted already holds its (FAILED) outcome: never run it.
         runnable = [it for it in leaders if it.outcome is None]
-        if len(runnable) == 1:
-            await self._execute(runnable[0])  # no task for a lone item
-        elif runnable:
+        if self._concurrent and len(runnable) > 1:
             await asyncio.gather(*(self._execute(it) for it in runnable))
+            return
+        # One after another in this task, which costs no task per item and is the same as
+        # concurrent for handlers that never wait (Kafka-native ones usually). The first handler
+        # that suspends (I/O) switches this runner to concurrent execution for good; the rest of
+        # its batch runs concurrently at once.
+        for i, it in enumerate(runnable):
+            if self._concurrent and i < len(runnable) - 1:
+                await asyncio.gather(*(self._execute(x) for x in runnable[i:]))
+                return
+            await self._execute(it)
 
     async def _resolve_feedback(self, batch: Batch) -> None:
         # Outside any transaction: never an admin round trip while one is open.
@@ -464,6 +475,7 @@ class TurnRunner:
         result = await execute(self.s, it.event, it.state, retry=self.retry, clock=self.clock,
                                metrics=self.metrics, rng=self._rng)
         if result is not None:
+            self._concurrent = self._concurrent or result.suspended
             it.outcome, it.dead, it.category = result.outcome, result.dead, result.category
             it.park_until_ns, it.attempt_next = result.park_until_ns, result.attempt_next
             it.emits = result.emits

@@ -684,6 +684,33 @@ def test_json_depth_check_accepts_wide_shallow_documents() -> None:
     assert isinstance(parsed, list) and len(parsed) == 80_001
 
 
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+_nested = st.recursive(st.sampled_from([0, "{", "[[", "]}", None]),
+                       lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2), inner,
+                                                                                  max_size=2),
+                       max_leaves=90)
+
+
+@given(value=_nested, wrap=st.integers(0, MAX_JSON_DEPTH + 2))
+@FAST
+def test_property_json_depth_verdict_matches_the_nesting(value: object, wrap: int) -> None:
+    # Brackets inside strings count in the bracket pre-check (jsonval.py) but never as depth.
+    for _ in range(wrap):
+        value = [value]
+    data = json.dumps(value).encode()
+    if _depth(value) > MAX_JSON_DEPTH:
+        assert _reason(lambda: json_loads(data)) == "bound: json depth"
+    else:
+        assert json_loads(data) == value
+
+
 @given(value=json_values)
 @FAST
 def test_property_json_round_trip(value: object) -> None:

@@ -9,6 +9,7 @@ tests/worker/test_worker_kafka.py.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,6 +184,34 @@ async def test_duplicates_of_one_identity_in_a_batch_execute_once() -> None:
     await runner.drain()
     assert sorted(c.idempotency_key for c in w.calls) == sorted([w.identity(a), w.identity(b)])
     assert w.committed() == 3
+
+
+async def test_handlers_that_never_wait_run_in_the_turns_task_until_one_waits() -> None:
+    # No task per item while handlers finish without suspending; the first that waits (I/O)
+    # makes the rest of its batch, and every later batch, run concurrently.
+    tasks: list[tuple[str, asyncio.Task[Any] | None]] = []
+    waiting = {"w1"}
+
+    async def handler(turn: Turn) -> None:
+        target = turn.event.target[0]
+        tasks.append((target, asyncio.current_task()))
+        if target in waiting:
+            await asyncio.sleep(0)
+        await turn.commands.ship(order=target)
+
+    w = World(handler_fn=handler)
+    runner = await w.runner()
+    me = asyncio.current_task()
+    await run_all(w, runner, [w.produce(event(t)) for t in ("s1", "s2")])
+    assert [t for _, t in tasks] == [me, me]
+    tasks.clear()
+    await run_all(w, runner, [w.produce(event(t)) for t in ("w1", "s3", "s4")])
+    assert [(n, t is me) for n, t in tasks] == [("w1", True), ("s3", False), ("s4", False)]
+    assert tasks[1][1] is not tasks[2][1]
+    tasks.clear()
+    await run_all(w, runner, [w.produce(event(t)) for t in ("s5", "s6")])
+    assert all(t is not me for _, t in tasks) and tasks[0][1] is not tasks[1][1]
+    assert len(w.outputs()) == 7 and w.committed() == 7
 
 
 async def test_a_stored_outcome_is_never_executed_again_and_claims_advance() -> None:
