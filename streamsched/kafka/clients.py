@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamsched.errors import ConfigError
-from streamsched.kafka import security, version
+from streamsched.kafka import retrylog, security, version
 from streamsched.kafka.security import Secret
 from streamsched.model.retry import register_transport_errors
 
@@ -419,6 +419,7 @@ def transactional_producer(conn: Conn, transactional_id: str, **options: Any) ->
     _refuse(options, LOCKED_PRODUCER, "producer")
     if not transactional_id:
         raise ConfigError("a transactional producer needs a transactional id")
+    retrylog.install()  # KIP-890's routine produce retries: one line a minute, not hundreds
     c = connection(conn)
     built = _producer_class()(acks="all", enable_idempotence=True, transactional_id=transactional_id,
                               **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})

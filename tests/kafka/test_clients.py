@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from streamsched.kafka import clients
+from streamsched.kafka import clients, retrylog
 from streamsched.testing import wait_for
 
 
@@ -66,3 +67,44 @@ async def test_position_now_is_known_after_a_fetch_and_never_waits(
         assert consumer.position_now(tp) is None
     finally:
         await consumer.stop()
+
+
+def _retry_record(error: type[BaseException]) -> logging.LogRecord:
+    return logging.LogRecord(retrylog.SENDER_LOGGER, logging.WARNING, __file__, 1,
+                             "Got error produce response on topic-partition %s, retrying. Error: %s",
+                             ("TopicPartition(topic='t', partition=0)", error), None)
+
+
+def test_routine_not_enough_replicas_retries_become_one_summary_per_window(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from aiokafka.errors import NotEnoughReplicasError, RequestTimedOutError
+
+    now = [0.0]
+    summary = retrylog.RetrySummary(clock=lambda: now[0], window_s=60)
+    assert summary.filter(_retry_record(NotEnoughReplicasError))  # the first passes as it is
+    caplog.set_level(logging.WARNING, logger=retrylog.__name__)
+    for _ in range(5):
+        now[0] += 1
+        assert not summary.filter(_retry_record(NotEnoughReplicasError))
+    assert summary.filter(_retry_record(RequestTimedOutError))  # any other error passes
+    other = logging.LogRecord(retrylog.SENDER_LOGGER, logging.WARNING, __file__, 1, "other", (), None)
+    assert summary.filter(other)
+    assert not caplog.records
+    now[0] = 61
+    assert not summary.filter(_retry_record(NotEnoughReplicasError))
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "aiokafka retried 6 produce requests after NOT_ENOUGH_REPLICAS in the last 60 s"]
+    assert not summary.filter(_retry_record(NotEnoughReplicasError))  # a new window has begun
+    assert len(caplog.records) == 1
+
+
+async def test_a_transactional_producer_installs_the_summary_on_aiokafkas_sender_logger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    logger = logging.getLogger(retrylog.SENDER_LOGGER)
+    others = [f for f in logger.filters if not isinstance(f, retrylog.RetrySummary)]
+    monkeypatch.setattr(logger, "filters", others)
+    monkeypatch.setattr(retrylog, "_installed", None)
+    clients.transactional_producer("127.0.0.1:9", "t-id")  # built, never started
+    clients.transactional_producer("127.0.0.1:9", "t-id-2")
+    installed = [f for f in logger.filters if isinstance(f, retrylog.RetrySummary)]
+    assert len(installed) == 1 and installed[0] is retrylog._installed
