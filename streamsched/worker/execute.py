@@ -33,7 +33,7 @@ from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
 from streamsched.model.event import TransitionEvent
 from streamsched.model.jsonval import json_dumps
 from streamsched.model.retry import RetryPolicy, compute_backoff, normalize_failure
-from streamsched.worker.app import CommandContext, Commands, Emit, SchedulerDef, Turn
+from streamsched.worker.app import CommandContext, Emit, SchedulerDef, Turn
 
 IN_PLACE_RETRY_LIMIT_S = 0.25
 """The longest backoff a delivery waits in place (once); longer ones, and every second retry of
@@ -128,7 +128,7 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
         ctx = CommandContext(idempotency_key=st.identity, fence=st.fence, attempt=attempt,
                              ordinal=st.ordinal, scheduled_ns=ev.due_ns, scheduler=s.name,
                              schedule=ev.origin)
-        commands = Commands(s.name, s.commands, ctx)
+        commands = s.commands_type(s.name, s.commands, ctx)
         try:
             await bounded.run(s.handler(Turn(ev, ctx, commands)), deadline, clock)
         except Exception as exc:  # noqa: BLE001 - handlers may raise anything; it is normalized
