@@ -158,11 +158,14 @@ async def test_one_snapshot_per_item_and_one_transaction_for_several_batches() -
     # The first batch after the start claimed first; the other two ran without a committed claim.
     assert [durable for _, _, durable in w.calls] == [True] * 4 + [False] * 7
     txns = w.kafka.transactions
-    # claim(b1) | release(b1) + offset | b2 + b3 + offset, all committed
+    # claim(b1) | release(b1) + offset | b2 + b3, all committed; b2 and b3's offsets are not due
     assert len(txns) == 3 and all(t.committed for t in txns)
     gathered = txns[-1]
     assert len(gathered.on(OUT)) == 7 and len(gathered.on(w.sched.state_topic)) == 7
-    assert gathered.offsets == {w.sched.group: {TopicPartition(TOPIC, 0): 11}}
+    assert gathered.offsets == {} and w.committed() == 4 and runner.flush_wait_s() > 0
+    await runner.drain()  # revocation or shutdown: the offsets follow at once
+    assert len(txns) == 4 and txns[-1].records == () and runner.idle
+    assert txns[-1].offsets == {w.sched.group: {TopicPartition(TOPIC, 0): 11}}
     for ev in evs[4:]:
         [only] = w.history(w.identity(ev))  # claim and release collapsed into one snapshot
         assert (only.status, only.fence, only.ordinal, only.revision, only.owner) == (
@@ -205,8 +208,10 @@ async def test_a_transaction_past_its_size_bound_commits(monkeypatch: pytest.Mon
     recs = [w.produce(event(f"o{i}")) for i in range(16)]
     for i in range(0, 16, 4):
         await runner.step(runner.prepare(recs[i:i + 4]))
-    # b1 claim, b1 release; b2 (8 records) gathers, with b3 (16) it commits; b4 gathers
-    assert w.committed() == 12 and len(w.kafka.transactions) == 3 and not runner.idle
+    # b1 claim, b1 release; b2 (8 records) gathers, with b3 (16) it commits (its offsets are
+    # not due yet); b4 gathers
+    assert len(w.kafka.transactions) == 3 and len(w.outputs()) == 12 and not runner.idle
+    assert w.committed() == 4
     await runner.drain()
     assert w.committed() == 16 and runner.idle
 
@@ -250,6 +255,7 @@ async def test_a_duplicate_in_a_later_batch_of_the_same_transaction_is_not_run_a
     first = [w.produce(event(f"o{i}")) for i in range(4)]
     again = [w.produce(event("x")), w.produce(event("x")), w.produce(event("y")), w.produce(event("x"))]
     await feed(runner, first + again, 2)
+    await runner.drain()
     ident = w.identity(event("x"))
     assert [f for i, f, _ in w.calls if i == ident] == [1]
     history = w.history(ident)
@@ -273,6 +279,7 @@ async def test_a_handler_that_kills_its_worker_stops_after_the_delivery_bound() 
         runner = await w.runner()  # a restarted owner resumes at the committed offset
         try:
             await feed(runner, recs[w.committed() or 0:], 1)
+            await runner.drain()
             break
         except Crash:
             restarts += 1
@@ -299,7 +306,35 @@ async def test_offsets_alone_commit_when_the_partition_goes_idle() -> None:
     await runner.step(runner.prepare([rec]))
     assert w.committed() is None and not runner.idle
     await runner.step(None, flush_offsets=True)
+    # Nothing to write and the offset is not due: no transaction at all, yet.
+    assert w.kafka.transactions == [] and runner.flush_wait_s() > 0 and not runner.idle
+    runner.commit_interval_s = 0.0
+    assert runner.flush_wait_s() == 0
+    await runner.step(None, flush_offsets=True)
     assert w.committed() == 1 and runner.idle and w.claims() == []
+    [only] = w.kafka.transactions
+    assert only.records == () and only.offsets == {w.sched.group: {TopicPartition(TOPIC, 0): 1}}
+
+
+async def test_resolved_work_behind_a_lagging_offset_is_re_read_and_never_run_again() -> None:
+    w = World()
+    evs = [event(f"o{i}") for i in range(12)]
+    recs = [w.produce(e) for e in evs]
+    runner = await w.runner()
+    await feed(runner, recs, 4)  # the owner dies here: o4..o11 resolved, offset still at 4
+    assert w.committed() == 4 and len(w.outputs()) == 12
+    late = w.produce(event("late"))
+    successor = await w.runner()
+    await feed(successor, [*recs[4:], late], 4)
+    await successor.drain()
+    assert w.committed() == 13
+    outputs = [v for v in w.outputs() if v is not None]
+    assert sorted(outputs) == sorted([f"o{i}@1".encode() for i in range(12)] + [b"late@1"])
+    assert [i for i, _, _ in w.calls].count(w.identity(event("o5"))) == 1
+    # Re-read batches held only resolved identities: the first batch that executed anything
+    # (the one with "late") was the careful, claim-first one.
+    [(_, fence, durable)] = [c for c in w.calls if c[0] == w.identity(event("late"))]
+    assert (fence, durable) == (1, True)
 
 
 async def test_a_native_commit_that_never_returns_fails_by_its_deadline() -> None:
