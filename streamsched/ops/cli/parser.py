@@ -43,7 +43,8 @@ _RUN_EPILOG = """\
 environment (besides the flags' own):
   STREAMSCHED_SESSION_TIMEOUT_MS  consumer-group session timeout (default 10000)
   STREAMSCHED_HEARTBEAT_MS        heartbeat interval (default 1000)
-  STREAMSCHED_COMMIT_INTERVAL_S   longest wait before offsets ride a transaction under load (0.2)
+  STREAMSCHED_COMMIT_INTERVAL_S   how long a Kafka-native transaction gathers batches, and how
+                                  often offsets ride a transaction (seconds, 0.1)
   STREAMSCHED_LOG                 log level (default WARNING; DEBUG also prints tracebacks)
 
 The first SIGTERM or SIGINT drains, commits and leaves the group (exit 0); a second stops at once.
