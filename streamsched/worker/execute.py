@@ -10,7 +10,7 @@ waits in place for at most ONE backoff step, and only a short one
 (:data:`IN_PLACE_RETRY_LIMIT_S`); any further retry is parked in the delay topic and comes back
 through the due index, releasing the partition meanwhile.
 
-Running a handler costs no task and no timer unless it suspends (:func:`run_handler`): a
+Running a handler costs no task and no timer unless it suspends (:class:`Bounded`): a
 Kafka-native handler usually finishes in its first step, and a task plus an ``asyncio.timeout``
 per item were about 12 % of such a worker's CPU (py-spy, issue 10). The timeout starts when the
 handler first suspends (a handler running without suspending cannot be interrupted by any
