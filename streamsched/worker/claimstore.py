@@ -33,11 +33,11 @@ least recently used out), plus RocksDB's block cache and memtables, shared by ev
 of a worker and bounded (:class:`StoreEnv`).
 
 Measured (bench/restore.py, 1,000,000 identities over 8 partitions, one worker process, this
-2-core machine shared with the broker and other jobs; medians of 3 after a warm-up): RSS 151-186
-MB once restored (peak 206-209 MB); cold restore 4.0-4.7 s against 1.8-2.0 s for a bare
-aiokafka read of the same partitions (ratio 0.39-0.49: the read's own CPU is about 2 s and the
-store adds about 2 s more, half in RocksDB's threads, half in 8 restore consumers and the page
-loop, on 2 cores the broker also needs); warm restart to ready 1.05-1.43 s.
+2-core machine shared with the broker; medians of 3 after a warm-up, three runs on 2026-12-03):
+RSS 161-186 MB once restored (peak about 200 MB); cold restore 2.6-2.7 s against 1.4-1.7 s for
+a bare aiokafka read of the same partitions (ratio 0.56-0.62: both are CPU-bound in aiokafka's
+record parsing; the store adds the page loop and RocksDB's flushes on the same 2 cores); warm
+restart to ready 0.60-0.69 s.
 
 Why one module above ~400 lines: the trust rules (header, checkpoint, staged counting) and the
 reads/writes they guard are one invariant; the engine tuning already lives in
