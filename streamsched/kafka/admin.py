@@ -338,17 +338,34 @@ def _verify(specs: list[TopicSpec], partitions: dict[str, int], configs: dict[st
     return sorted(found, key=lambda m: m.field in DRIFT_FIELDS)
 
 
-async def partition_count(bootstrap: clients.Conn, topic: str, *, missing_ok: bool = False) -> int:
-    """How many partitions ``topic`` has; a missing topic is a ConfigError (0 with ``missing_ok``)."""
+async def described_partition_counts(admin: Any, topics: Iterable[str]) -> dict[str, int]:
+    """Partition counts of ``topics`` through a started admin client (missing ones left out)."""
+    wanted = list(dict.fromkeys(topics))
+    counts: dict[str, int] = {}
+    for d in await admin.describe_topics(wanted):
+        if d.get("topic") in wanted and d.get("error_code", 0) == 0:
+            counts[d["topic"]] = len(d["partitions"])
+    return counts
+
+
+async def partition_counts(bootstrap: clients.Conn, topics: Iterable[str], *,
+                           missing_ok: bool = False) -> dict[str, int]:
+    """How many partitions each of ``topics`` has, with one admin client and one request; a
+    missing topic is a ConfigError (0 with ``missing_ok``)."""
+    wanted = list(dict.fromkeys(topics))
     admin = clients.admin(bootstrap)
     await admin.start()
     try:
-        described = await admin.describe_topics([topic])
-        for d in described:
-            if d["topic"] == topic and d.get("error_code", 0) == 0:
-                return len(d["partitions"])
-        if missing_ok:
-            return 0
-        raise ConfigError(f"topic {topic} does not exist")
+        counts = await described_partition_counts(admin, wanted)
     finally:
         await admin.close()
+    missing = [t for t in wanted if t not in counts]
+    if missing and not missing_ok:
+        raise ConfigError(f"topic {missing[0]} does not exist" if len(missing) == 1
+                          else f"topics {', '.join(missing)} do not exist")
+    return {t: counts.get(t, 0) for t in wanted}
+
+
+async def partition_count(bootstrap: clients.Conn, topic: str, *, missing_ok: bool = False) -> int:
+    """How many partitions ``topic`` has; a missing topic is a ConfigError (0 with ``missing_ok``)."""
+    return (await partition_counts(bootstrap, [topic], missing_ok=missing_ok))[topic]

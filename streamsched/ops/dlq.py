@@ -63,6 +63,7 @@ from typing import Any, Final
 
 from streamsched.errors import ConfigError, InvalidName
 from streamsched.kafka import clients
+from streamsched.kafka.admin import described_partition_counts
 from streamsched.model.limits import MAX_DEAD_LETTER_BYTES, check_range
 from streamsched.model.names import validate_name
 from streamsched.wire.dead_letter import (
@@ -135,11 +136,7 @@ class ReplayReport:
 
 
 async def _partition_count(admin: Any, topic: str) -> int | None:
-    described = await admin.describe_topics([topic])
-    for d in described:
-        if d.get("topic") == topic and d.get("error_code", 0) == 0:
-            return len(d["partitions"])
-    return None
+    return (await described_partition_counts(admin, [topic])).get(topic)
 
 
 def _consumer(bootstrap: clients.Conn, group: str | None) -> Any:

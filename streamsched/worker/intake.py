@@ -31,7 +31,7 @@ from typing import Any
 
 from streamsched.errors import ConfigError
 from streamsched.kafka import clients
-from streamsched.kafka.admin import TopicSpec, apply, partition_count
+from streamsched.kafka.admin import TopicSpec, apply, partition_counts
 from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S
 from streamsched.metrics import Metrics
@@ -195,7 +195,8 @@ class Worker:
     async def ensure_topics(self) -> None:
         """Create the scheduler's state and dead-letter topics, co-partitioned with its topic."""
         s = self.scheduler
-        n = await partition_count(self.config.bootstrap, s.topic)
+        # Outputs must exist (never auto-created): one request asks for them with the topic.
+        n = (await partition_counts(self.config.bootstrap, [s.topic, *sorted(s.outputs)]))[s.topic]
         specs = [
             TopicSpec(s.state_topic, n, self.config.replication, kind="state"),
             TopicSpec(s.dead_letter_topic, n, self.config.replication, kind="dead_letter"),
@@ -206,8 +207,6 @@ class Worker:
                              allow_single_replica=self.config.allow_single_replica)
         for drift in report.drift:
             log.warning("%s", drift)
-        for out in s.outputs:
-            await partition_count(self.config.bootstrap, out)  # must exist: never auto-created
 
     async def run(self, stop: asyncio.Event) -> None:
         from aiokafka import ConsumerRebalanceListener

@@ -11,7 +11,15 @@ import pytest
 
 from streamsched.errors import ConfigError, TopicMismatch
 from streamsched.kafka import clients
-from streamsched.kafka.admin import DELAY_RETENTION_MS, MIN_DELAY_RETENTION_MS, TopicSpec, apply, load_dir
+from streamsched.kafka.admin import (
+    DELAY_RETENTION_MS,
+    MIN_DELAY_RETENTION_MS,
+    TopicSpec,
+    apply,
+    load_dir,
+    partition_count,
+    partition_counts,
+)
 from streamsched.model.limits import MAX_CLAIM_DURATION_S, MAX_RETRY_DELAY_S
 from streamsched.model.names import internal_topic
 from streamsched.ops.cli import main
@@ -149,3 +157,15 @@ async def _configs(bootstrap: str, topic: str) -> dict[str, str]:
         return {e[0]: e[1] for e in resp.resources[0][4]}
     finally:
         await admin.close()
+
+
+async def test_partition_counts_ask_once_and_name_every_missing_topic(bootstrap: str, unique: Unique) -> None:
+    a, b, gone, also_gone = unique("pc-a"), unique("pc-b"), unique("pc-gone"), unique("pc-gone2")
+    await apply(bootstrap, [TopicSpec(a, 3), TopicSpec(b, 1)])
+    assert await partition_counts(bootstrap, [a, b, a]) == {a: 3, b: 1}
+    assert await partition_counts(bootstrap, [a, gone], missing_ok=True) == {a: 3, gone: 0}
+    with pytest.raises(ConfigError, match=f"topics {gone}, {also_gone} do not exist"):
+        await partition_counts(bootstrap, [a, gone, also_gone])
+    with pytest.raises(ConfigError, match=f"topic {gone} does not exist"):
+        await partition_count(bootstrap, gone)
+    assert await partition_count(bootstrap, a) == 3

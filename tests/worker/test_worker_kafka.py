@@ -108,6 +108,28 @@ async def test_handler_limited_to_declared_commands(bootstrap: str, make_topic, 
     assert worker.metrics.counters.get("executions") == 1
 
 
+async def test_a_worker_refuses_to_start_while_a_declared_output_topic_is_missing(
+        bootstrap: str, make_topic, unique) -> None:
+    from streamsched.errors import ConfigError
+    from streamsched.worker.intake import Worker, WorkerConfig
+
+    topic = await make_topic("a")
+    out, missing = await make_topic("out", kind="output"), unique("never-made")
+    app = App("t")
+    name = unique("s").replace("-", "_")
+
+    @kafka_command(outputs=[out, missing])
+    def start(ctx: CommandContext) -> list[Emit]:
+        return []
+
+    @app.scheduler(name=name, topic=topic, selection=Selection("all"), commands=[start])
+    async def handle(turn: Turn) -> None:
+        await turn.commands.start()
+
+    with pytest.raises(ConfigError, match=f"topic {missing} does not exist"):
+        await Worker(app.schedulers[name], WorkerConfig(bootstrap=bootstrap)).ensure_topics()
+
+
 async def test_logs_status_and_errors_never_carry_payloads(bootstrap: str, make_topic, unique,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     import logging
