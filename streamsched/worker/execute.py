@@ -64,15 +64,24 @@ class Bounded:
     entered during its first step also refers to the task that runs it).
     """
 
-    __slots__ = ("suspended",)
+    __slots__ = ("_on_suspend", "suspended")
 
-    def __init__(self) -> None:
+    def __init__(self, on_suspend: Callable[[], None] | None = None) -> None:
         self.suspended = False
+        self._on_suspend = on_suspend
+        """Called once, the first time a call suspends (before it waits): the turn starts the
+        rest of the batch then, so handlers that wait for each other never deadlock."""
+
+    def note_suspend(self) -> None:
+        self.suspended = True
+        if self._on_suspend is not None:
+            on_suspend, self._on_suspend = self._on_suspend, None
+            on_suspend()
 
     async def run(self, call: Awaitable[None], deadline_ns: int, clock: Callable[[], int]) -> None:
         if type(call) is not CoroutineType:
             # A future or another awaitable (not an ``async def`` call): awaited as before.
-            self.suspended = True
+            self.note_suspend()
             async with asyncio.timeout(max(0.001, (deadline_ns - clock()) / 1e9)):
                 await call
             return
@@ -80,7 +89,7 @@ class Bounded:
             step = call.send(None)
         except StopIteration:
             return
-        self.suspended = True
+        self.note_suspend()
         async with asyncio.timeout(max(0.001, (deadline_ns - clock()) / 1e9)):
             await _Resumed(call, step)
 
@@ -115,15 +124,17 @@ class _Resumed:
 
 
 async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry: RetryPolicy,
-                  clock: Callable[[], int], metrics: Metrics, rng: random.Random) -> Execution | None:
-    """Run the handler for ``ev`` under claim ``st``; None when an outcome is already stored."""
+                  clock: Callable[[], int], metrics: Metrics, rng: random.Random,
+                  on_suspend: Callable[[], None] | None = None) -> Execution | None:
+    """Run the handler for ``ev`` under claim ``st``; None when an outcome is already stored.
+    ``on_suspend``: see :class:`Bounded`."""
     if st.outcome is not None:
         metrics.inc("skipped_outcome")
         return None
     deadline = st.lease_expires_ns
     attempt = ev.attempt
     waited_in_place = False
-    bounded = Bounded()
+    bounded = Bounded(on_suspend)
     while True:
         ctx = CommandContext(idempotency_key=st.identity, fence=st.fence, attempt=attempt,
                              ordinal=st.ordinal, scheduled_ns=ev.due_ns, scheduler=s.name,
@@ -139,7 +150,8 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
             if failure.retryable and not waited_in_place and delay <= IN_PLACE_RETRY_LIMIT_S and fits:
                 # One short step in place saves a delay-topic round trip for a blip; a second
                 # one would hold the healthy items of this batch again.
-                waited_in_place = bounded.suspended = True  # the sleep holds whatever runs in this task
+                waited_in_place = True
+                bounded.note_suspend()  # the sleep would hold whatever runs after it in this task
                 metrics.inc("retries")
                 await asyncio.sleep(delay)
                 attempt += 1

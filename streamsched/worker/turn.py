@@ -400,14 +400,24 @@ class TurnRunner:
             await asyncio.gather(*(self._execute(it) for it in runnable))
             return
         # One after another in this task, which costs no task per item and is the same as
-        # concurrent for handlers that never wait (Kafka-native ones usually). The first handler
-        # that suspends (I/O) switches this runner to concurrent execution for good; the rest of
-        # its batch runs concurrently at once.
+        # concurrent for handlers that never wait (Kafka-native ones usually). The moment one
+        # suspends (I/O), the rest of its batch starts as tasks beside it, and this runner runs
+        # concurrently for good: handlers of one batch still all run at once whenever any waits.
+        rest: list[asyncio.Task[None]] = []
         for i, it in enumerate(runnable):
-            if self._concurrent and i < len(runnable) - 1:
-                await asyncio.gather(*(self._execute(x) for x in runnable[i:]))
+            def start_rest(later: list[Item] = runnable[i + 1:]) -> None:
+                self._concurrent = True
+                rest.extend(asyncio.ensure_future(self._execute(x)) for x in later)
+
+            try:
+                await self._execute(it, on_suspend=start_rest)
+            except BaseException:
+                for task in rest:
+                    task.cancel()
+                raise
+            if rest or self._concurrent:
+                await asyncio.gather(*rest)
                 return
-            await self._execute(it)
 
     async def _resolve_feedback(self, batch: Batch) -> None:
         # Outside any transaction: never an admin round trip while one is open.
@@ -504,10 +514,10 @@ class TurnRunner:
 
     # --- 4. execute -------------------------------------------------------------------------------
 
-    async def _execute(self, it: Item) -> None:
+    async def _execute(self, it: Item, on_suspend: Callable[[], None] | None = None) -> None:
         assert it.state is not None and it.event is not None
         result = await execute(self.s, it.event, it.state, retry=self.retry, clock=self.clock,
-                               metrics=self.metrics, rng=self._rng)
+                               metrics=self.metrics, rng=self._rng, on_suspend=on_suspend)
         if result is not None:
             self._concurrent = self._concurrent or result.suspended
             it.outcome, it.dead, it.category = result.outcome, result.dead, result.category

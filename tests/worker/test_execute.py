@@ -113,3 +113,32 @@ async def test_an_awaitable_that_is_not_a_coroutine_is_awaited_under_the_deadlin
     assert done.done() and bounded.suspended
     with pytest.raises(TimeoutError):
         await Bounded().run(loop.create_future(), clock() + 20_000_000, clock)
+
+
+async def test_on_suspend_runs_once_when_a_call_first_waits_before_it_resumes() -> None:
+    calls: list[str] = []
+    gate = asyncio.Event()
+
+    async def handler() -> None:
+        calls.append("first step")
+        await gate.wait()  # suspends: on_suspend must already have run
+        calls.append("resumed")
+        await asyncio.sleep(0)
+
+    def on_suspend() -> None:
+        calls.append("on_suspend")
+        asyncio.get_running_loop().call_soon(gate.set)
+
+    bounded = Bounded(on_suspend)
+    await bounded.run(handler(), clock() + 10**9, clock)
+    await bounded.run(handler(), clock() + 10**9, clock)  # a second call: not again
+    assert calls == ["first step", "on_suspend", "resumed", "first step", "resumed"]
+
+    quiet: list[str] = []
+    never = Bounded(lambda: quiet.append("x"))
+
+    async def instant() -> None:
+        return None
+
+    await never.run(instant(), clock() + 10**9, clock)
+    assert quiet == [] and not never.suspended

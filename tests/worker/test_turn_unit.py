@@ -214,6 +214,26 @@ async def test_handlers_that_never_wait_run_in_the_turns_task_until_one_waits() 
     assert len(w.outputs()) == 7 and w.committed() == 7
 
 
+async def test_handlers_of_a_batch_that_wait_for_each_other_all_run_at_once() -> None:
+    # The first handler waits for its batch-mates: they must start while it waits (run one
+    # after another, it would wait until its lease ran out).
+    started: list[str] = []
+    all_in = asyncio.Event()
+
+    async def handler(turn: Turn) -> None:
+        started.append(turn.event.target[0])
+        if len(started) == 3:
+            all_in.set()
+        await all_in.wait()
+        await turn.commands.ship(order=turn.event.target[0])
+
+    w = World(handler_fn=handler)
+    runner = await w.runner()
+    async with asyncio.timeout(5):
+        await run_all(w, runner, [w.produce(event(t)) for t in ("a", "b", "c")])
+    assert started == ["a", "b", "c"] and len(w.outputs()) == 3 and w.committed() == 3
+
+
 async def test_a_stored_outcome_is_never_executed_again_and_claims_advance() -> None:
     w = World()
     ev = event()
