@@ -12,6 +12,7 @@ metadata every few seconds and whenever an offset lookup fails.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import signal
 import time
@@ -263,24 +264,35 @@ async def test_a_transaction_a_paused_broker_holds_is_given_up_at_its_deadline(
     from streamsched.model.names import transactional_id
     from streamsched.testing import make_event, produce_events, running_worker
 
-    topic = f"stuck-{uuid.uuid4().hex[:8]}"
-    rec = recording_scheduler(topic)
-    sched = rec.sched
     admin = clients.admin(cluster3.bootstrap)
     await admin.start()
     try:
-        tid = transactional_id("scheduler", sched.group, topic, partition=0)
         found: list[int] = []
 
-        async def coordinator() -> bool:
-            try:  # the first lookup on a fresh cluster creates the transaction state topic
-                found.append(int(await admin.find_coordinator(tid, coordinator_type=1)))
+        async def coordinator(key: str, kind: int) -> bool:
+            try:  # the first lookup on a fresh cluster creates the coordinator's internal topic
+                found.append(int(await admin.find_coordinator(key, coordinator_type=kind)))
             except GroupCoordinatorNotAvailableError:
                 return False
             return True
 
-        await wait_for(coordinator, timeout=60, what="the transaction coordinator")
-        victim = found[-1]
+        # Only the transaction coordinator is paused: a scheduler whose consumer group has its
+        # coordinator on the same node would also lose its group, and a session that expires
+        # before the deadline revokes the partition (and cancels the stuck transaction) first.
+        for _ in range(10):
+            topic = f"stuck-{uuid.uuid4().hex[:8]}"
+            rec = recording_scheduler(topic)
+            sched = rec.sched
+            tid = transactional_id("scheduler", sched.group, topic, partition=0)
+            await wait_for(functools.partial(coordinator, tid, 1), timeout=60,
+                           what="the transaction coordinator")
+            victim = found[-1]
+            await wait_for(functools.partial(coordinator, sched.group, 0), timeout=60,
+                           what="the group coordinator")
+            if found[-1] != victim:
+                break
+        else:
+            raise AssertionError("no scheduler name put its group and transaction coordinators apart")
         live = [n.node_id for n in cluster3.specs if n.node_id != victim]
         # The input lives on the other two nodes only, so this test can produce while it is paused.
         await admin.create_topics([NewTopic(topic, -1, -1, replica_assignments={p: live for p in range(3)})])
