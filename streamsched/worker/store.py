@@ -7,7 +7,7 @@ are never seen and the latest committed snapshot of each identity wins. It strea
 in pages (:mod:`streamsched.worker.changelog`), never holding it whole.
 
 Two stores share the interface the turn uses (:class:`StateBase`): :class:`PartitionState`
-keeps every snapshot in a dict (tests, fakes, ``store_dir=None``), and
+keeps every snapshot, encoded, in a dict (tests, fakes, ``store_dir=None``), and
 :class:`streamsched.worker.claimstore.ClaimStore` keeps them on disk behind a small bounded
 cache, with a checkpoint that lets a restart read only the changelog's tail.
 
