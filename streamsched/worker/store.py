@@ -237,9 +237,10 @@ class PartitionState(StateBase):
     Each snapshot is kept as its state-topic bytes with its expiry time, a tuple of values
     CPython's cycle collector stops tracking, so the collector never walks the state: kept as
     :class:`ClaimState` objects, full collections took 25-90 ms each in a half-load latency run
-    (42,000 to 140,000 tracked objects, growing with the identities seen) and made most of its
-    p99. Decoding costs about 13 us, so up to :data:`DECODED_MAX` decoded snapshots (the latest
-    put or looked up) are kept too; the turn's lookups of new identities are dict misses.
+    (42,000 to 140,000 tracked objects, growing with the identities seen, so without bound until
+    the outcome horizon). Decoding costs about 13 us, so up to :data:`DECODED_MAX` decoded
+    snapshots (the latest put or looked up) are kept too; the turn's lookups of new identities
+    are dict misses.
     """
 
     def __init__(self, partition: int, *, horizon_s: float = HORIZON_DEFAULT_S) -> None:
