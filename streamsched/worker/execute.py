@@ -50,48 +50,39 @@ class Execution:
     park_until_ns: int | None = None
     attempt_next: int = 0
     emits: list[Emit] = field(default_factory=list)
-    suspended: bool = False
-    """The handler awaited something that was not ready (I/O): its batch-mates are better run
-    concurrently (turn.py)."""
 
 
 class Bounded:
-    """Runs handler calls in the current task, each bounded by a deadline; remembers whether
-    any of them suspended.
+    """Runs handler calls in the current task, each bounded by a deadline.
 
     The first step runs directly; only a call that suspends gets an ``asyncio.timeout``,
     entered then, in the same task that keeps driving it (so a timeout the handler itself
     entered during its first step also refers to the task that runs it).
     """
 
-    __slots__ = ("_on_suspend", "suspended")
+    __slots__ = ("_on_suspend",)
 
     def __init__(self, on_suspend: Callable[[], None] | None = None) -> None:
-        self.suspended = False
         self._on_suspend = on_suspend
         """Called once, the first time a call suspends (before it waits): the turn starts the
         rest of the batch then, so handlers that wait for each other never deadlock."""
 
     def note_suspend(self) -> None:
-        self.suspended = True
         if self._on_suspend is not None:
             on_suspend, self._on_suspend = self._on_suspend, None
             on_suspend()
 
     async def run(self, call: Awaitable[None], deadline_ns: int, clock: Callable[[], int]) -> None:
-        if type(call) is not CoroutineType:
-            # A future or another awaitable (not an ``async def`` call): awaited as before.
-            self.note_suspend()
-            async with asyncio.timeout(max(0.001, (deadline_ns - clock()) / 1e9)):
-                await call
-            return
-        try:
-            step = call.send(None)
-        except StopIteration:
-            return
+        if type(call) is CoroutineType:
+            try:
+                step = call.send(None)
+            except StopIteration:
+                return
+            call = _Resumed(call, step)
+        # else a future or another awaitable (not an ``async def`` call): awaited as before.
         self.note_suspend()
         async with asyncio.timeout(max(0.001, (deadline_ns - clock()) / 1e9)):
-            await _Resumed(call, step)
+            await call
 
 
 class _Resumed:
@@ -160,18 +151,15 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
                 # Too long (or too often) to wait holding the partition: park it in the delay
                 # topic, release the claim without an outcome, and let the offset move on.
                 metrics.inc("retries_parked")
-                return Execution(park_until_ns=clock() + int(delay * 1e9), attempt_next=attempt + 1,
-                                 suspended=bounded.suspended)
+                return Execution(park_until_ns=clock() + int(delay * 1e9), attempt_next=attempt + 1)
             metrics.inc("terminal", kind=failure.cause_kind)
             return Execution(outcome=Outcome(OutcomeKind.FAILED, st.fence, clock(),
                                              error_kind=failure.cause_kind),
-                             dead=("terminal", failure.cause_kind), category=failure.category,
-                             suspended=bounded.suspended)
+                             dead=("terminal", failure.cause_kind), category=failure.category)
         emits = list(commands.emitted)
         metrics.inc("executions")
         return Execution(outcome=Outcome(OutcomeKind.SUCCEEDED, st.fence, clock(), events=len(emits),
-                                         digest=_digest(commands.results, emits)), emits=emits,
-                         suspended=bounded.suspended)
+                                         digest=_digest(commands.results, emits)), emits=emits)
 
 
 def _digest(results: tuple[object, ...], emits: list[Emit]) -> bytes:

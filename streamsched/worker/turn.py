@@ -356,8 +356,9 @@ class TurnRunner:
                     [o for b in batches for o in b.delayed])
         t_mark, d_mark = self.offsets.after(span)
         send_offsets = (t_mark != self.offsets.t_sent or d_mark != self.offsets.d_sent) and (
-            not batches or self._draining or _writes_side_records(batches)
-            or time.monotonic() - self._last_offset_commit >= self.commit_interval_s)
+            not batches or self._draining
+            or time.monotonic() - self._last_offset_commit >= self.commit_interval_s
+            or _writes_side_records(batches))
         view = txn.view if txn is not None else {}
         expiring = self.state.take_expired(self.clock())  # past the outcome horizon (store.py)
         if not batches and not send_offsets and not expiring:
@@ -519,7 +520,6 @@ class TurnRunner:
         result = await execute(self.s, it.event, it.state, retry=self.retry, clock=self.clock,
                                metrics=self.metrics, rng=self._rng, on_suspend=on_suspend)
         if result is not None:
-            self._concurrent = self._concurrent or result.suspended
             it.outcome, it.dead, it.category = result.outcome, result.dead, result.category
             it.park_until_ns, it.attempt_next = result.park_until_ns, result.attempt_next
             it.emits = result.emits
