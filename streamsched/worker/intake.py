@@ -122,20 +122,15 @@ class PartitionRunner:
         while not self.owner.stopping:
             if not self.queue:
                 # A horizon scan step when idle too, so quiet partitions also tombstone (store.py).
-                if not turns.idle or turns.state.scan(turns.clock()):
-                    wait = turns.flush_wait_s()
-                    if wait > 0:
-                        # Only offsets are left and they are not due: new records or the
-                        # interval, whichever comes first.
-                        self.wake.clear()
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            await asyncio.wait_for(self.wake.wait(), wait)
-                        continue
+                # Offsets alone that are not due yet wait for new records or their interval.
+                flush = not turns.idle or turns.state.scan(turns.clock())
+                wait = turns.flush_wait_s() if flush else s.selection_wait_s
+                if flush and wait <= 0:
                     await turns.step(None, flush_offsets=True)
                     continue
                 self.wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), s.selection_wait_s)
+                    await asyncio.wait_for(self.wake.wait(), wait)
                 continue
             n = min(len(self.queue), s.max_in_flight)
             batch = turns.prepare([self.queue.popleft() for _ in range(n)])
