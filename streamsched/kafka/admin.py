@@ -338,14 +338,10 @@ def _verify(specs: list[TopicSpec], partitions: dict[str, int], configs: dict[st
     return sorted(found, key=lambda m: m.field in DRIFT_FIELDS)
 
 
-async def described_partition_counts(admin: Any, topics: Iterable[str]) -> dict[str, int]:
+async def described_partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:
     """Partition counts of ``topics`` through a started admin client (missing ones left out)."""
-    wanted = list(dict.fromkeys(topics))
-    counts: dict[str, int] = {}
-    for d in await admin.describe_topics(wanted):
-        if d.get("topic") in wanted and d.get("error_code", 0) == 0:
-            counts[d["topic"]] = len(d["partitions"])
-    return counts
+    return {d["topic"]: len(d["partitions"]) for d in await admin.describe_topics(topics)
+            if d.get("topic") in topics and d.get("error_code", 0) == 0}
 
 
 async def partition_counts(bootstrap: clients.Conn, topics: Iterable[str], *,

@@ -213,12 +213,6 @@ class StateBase:
         self._dropping = (dropped, floor)
 
 
-def expired(st: ClaimState, cutoff_ns: int) -> bool:
-    """Resolved (released with an outcome) before ``cutoff_ns``."""
-    out = st.outcome
-    return st.status is ClaimStatus.RELEASED and out is not None and out.at_ns < cutoff_ns
-
-
 _NEVER = 2**63
 """Expiry of a snapshot the horizon never removes (claimed, or released without an outcome)."""
 DECODED_MAX = 512
@@ -227,8 +221,14 @@ lookups of a transaction's batches, few enough that the collector hardly notices
 
 
 def _expiry(st: ClaimState) -> int:
+    """When ``st`` was resolved (released with an outcome); :data:`_NEVER` if it is not."""
     out = st.outcome
     return out.at_ns if st.status is ClaimStatus.RELEASED and out is not None else _NEVER
+
+
+def expired(st: ClaimState, cutoff_ns: int) -> bool:
+    """Resolved (released with an outcome) before ``cutoff_ns``."""
+    return _expiry(st) < cutoff_ns
 
 
 class PartitionState(StateBase):
