@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from streamsched import App, CommandContext, Emit, Selection, Turn, external_command, kafka_command
 from streamsched.errors import CommandNotAllowed
-from streamsched.worker.app import (
-    CommandContext,
-    Commands,
-    Emit,
-    SchedulerDef,
-    Selection,
-    Turn,
-    external_command,
-    kafka_command,
-)
+from streamsched.worker.app import Commands, SchedulerDef
 
 CTX = CommandContext(idempotency_key="sched_x", fence=3, attempt=1, ordinal=1, scheduled_ns=0, scheduler="s")
 
@@ -40,13 +32,15 @@ async def charge(ctx: CommandContext, *, amount: int) -> dict[str, int]:
     return {"amount": amount, "fence": ctx.fence}
 
 
-async def _noop(turn: Turn) -> None:
-    return None
-
-
 def scheduler() -> SchedulerDef:
-    return SchedulerDef(name="s", topic="t", selection=Selection("due"), handler=_noop,
-                        commands={c.name: c for c in (ship, ship_later, stray, charge)})
+    app = App("t")
+
+    @app.scheduler(name="s", topic="t", selection=Selection("due"),
+                   commands=[ship, ship_later, stray, charge])
+    async def handle(turn: Turn) -> None:
+        return None
+
+    return app.schedulers["s"]
 
 
 def commands(s: SchedulerDef) -> Commands:
