@@ -37,6 +37,11 @@ allows it (``allow_untested_kafka``, or ``STREAMSCHED_ALLOW_UNTESTED_KAFKA=1``).
 
 Typed boundary: aiokafka ships no type information, so the factories return the aiokafka
 classes as ``Any``-typed objects behind the small Protocols callers actually use.
+
+Why one module above ~400 lines: "every client is built in one place" is the guarantee; the
+connection, the locked options, the version check and the metadata-refresh patch each apply to
+every client, so splitting them would give a caller a way to build a client that skips one.
+Validation of the security settings already lives in :mod:`streamsched.kafka.security`.
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ downtime 3-90 ms (before: 1-80 ms; counting dominates and is unchanged). So a ti
 ``MAX_FIRES_PER_TXN`` (512) cron occurrences spends at most ~0.15 s planning, inside the 0.5 s
 the ticker plans ahead: 4-7 times slower, not slow for our use. Each call copies a prebuilt
 croniter (3 us) instead of building one (60-120 us of parsing).
+
+Why one module just above ~400 lines: parsing yields the value sets that resolution and counting
+use; about a third of it is this docstring, which records the measured reasons above.
 """
 
 from __future__ import annotations

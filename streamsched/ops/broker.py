@@ -3,7 +3,11 @@
 The project never depends on Docker: the broker is Apache Kafka's own jars from Maven Central,
 resolved once by ``mvn`` from a pinned pom into a cache directory and run on the machine's Java.
 A node is a combined broker+controller on loopback; :class:`LocalCluster` starts one or more.
-Which release, its jars and its logging config: :mod:`streamsched.ops.broker_jars`.
+Which release, its jars and its logging config: :mod:`streamsched.ops.broker_jars`; the
+secured listeners, SCRAM users and test CA: :mod:`streamsched.ops.broker_security`.
+
+Why one module just above ~400 lines: a node's properties, format, launch and stop share the
+node directory layout and pid files; the parts that vary (jars, security) are already split out.
 """
 
 

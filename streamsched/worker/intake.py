@@ -14,6 +14,12 @@ The partition lifecycle (fenced start, restore, ready/stopping/failed, restart w
 give-up, rebalance callbacks serialised with this intake) is :mod:`streamsched.kafka.owner`;
 this module supplies the worker's body (:class:`PartitionRunner`: a queue and the turn loop of
 :mod:`streamsched.worker.turn`) and the intake that feeds it.
+
+Why one module above ~400 lines: the intake's pause/resume, parking and seek decisions and the
+runner's turn loop hand records to each other under the owner's lock; kept side by side, the
+path of one record from fetch to commit reads in one file. Due work, restore and selection are
+their own modules (:mod:`streamsched.worker.duework`, :mod:`streamsched.worker.claimstore`,
+:mod:`streamsched.worker.selection`).
 """
 
 from __future__ import annotations

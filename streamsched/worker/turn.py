@@ -76,9 +76,10 @@ Metrics: ``turn_seconds`` is observed once per BATCH (from its selection to the 
 resolved it), not once per item: every item of a batch resolves at the same commit, so the
 per-item histogram only repeated the same value ``len(batch)`` times.
 
-Size: about 500 lines, because both transaction shapes and the guards act on one batch; step 1
-lives in :mod:`streamsched.worker.selection`, the extra records in
-:mod:`streamsched.worker.records`, handler execution in :mod:`streamsched.worker.execute`.
+Size: about 600 lines (a fifth of them this docstring), because both transaction shapes and
+the guards act on one batch; step 1 lives in :mod:`streamsched.worker.selection`, the extra
+records in :mod:`streamsched.worker.records`, handler execution in
+:mod:`streamsched.worker.execute`.
 
 Why one module above ~400 lines: both transaction shapes share the select/resolve/execute
 steps and the exact order of writes inside a transaction; split apart, the invariants that
