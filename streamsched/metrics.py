@@ -123,7 +123,7 @@ _HELP: Final[Mapping[str, str]] = {
     "late_plans": "fire transactions committed after their planned time",
     "bad_definitions": "schedule definitions that could not be decoded",
     "schedules_held": "schedules held by a ticker partition",
-    "turn_seconds": "duration of a turn, per item",
+    "turn_seconds": "duration of a turn, per batch (selection to the commit that resolved it)",
     "commit_after_planned_seconds": "delay from an occurrence's planned time to its commit",
     "end_txn_seconds": "duration of committing a transaction",
     _DROPPED: "metric updates dropped (outside the vocabulary or past a bound)",

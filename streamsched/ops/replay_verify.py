@@ -11,13 +11,14 @@ complete run: 0. See :mod:`streamsched.ops.replay` for the reset itself.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from tqdm import tqdm
 
 from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_count
@@ -37,7 +38,7 @@ from streamsched.worker.store import (
 LONG_RANGE = 10_000
 """Records from which ``--verify`` shows progress by default."""
 PROGRESS_EVERY_S = 2.0
-"""Period of the plain progress line (when tqdm is not installed)."""
+"""Least seconds between two redraws of the bar when stderr is not a terminal (a log file)."""
 LISTED_IDENTITIES = 100
 """Identities that would execute listed by name in the JSON summary (the count is exact)."""
 
@@ -104,42 +105,24 @@ class VerifyReport:
 
 
 class Progress:
-    """Records read so far: a tqdm bar when tqdm is installed, else a plain line every few seconds."""
+    """Records read so far, as a tqdm bar on ``stream`` (stderr), shown on long ranges only."""
 
     def __init__(self, total: int, *, enabled: bool | None = None, stream: TextIO | None = None,
                  what: str = "replay verify") -> None:
-        self.total, self.done, self.what = total, 0, what
-        self.stream = stream or sys.stderr
+        self.total, self.done = total, 0
         self.enabled = total >= LONG_RANGE if enabled is None else enabled
-        self._last = time.monotonic()
-        self._bar: Any = None
-        if self.enabled:
-            try:  # optional: nothing requires tqdm
-                tqdm = importlib.import_module("tqdm")
-            except ImportError:
-                tqdm = None
-            if tqdm is not None:
-                self._bar = tqdm.tqdm(total=total, unit="rec", desc=what, file=self.stream)
+        self._bar = (tqdm(total=total, unit="rec", desc=what, file=stream or sys.stderr,
+                          mininterval=PROGRESS_EVERY_S if not (stream or sys.stderr).isatty() else 0.1)
+                     if self.enabled else None)
 
     def update(self, n: int) -> None:
         self.done += n
-        if not self.enabled:
-            return
         if self._bar is not None:
             self._bar.update(n)
-        elif time.monotonic() - self._last >= PROGRESS_EVERY_S:
-            self._last = time.monotonic()
-            self._line()
-
-    def _line(self) -> None:
-        pct = 100.0 * self.done / self.total if self.total else 100.0
-        print(f"{self.what}: {self.done}/{self.total} records ({pct:.0f}%)", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        elif self.enabled:
-            self._line()
 
 
 async def verify(bootstrap: clients.Conn, scheduler: SchedulerDef, target: Target, *,

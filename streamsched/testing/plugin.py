@@ -51,7 +51,8 @@ from streamsched.testing.kit import (
 )
 
 DEFAULT_KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.1"
-"""Confluent Platform 7.9 ships Apache Kafka 3.9, the version streamsched pins."""
+"""Confluent Platform 7.9 ships Apache Kafka 3.9, the older of the two lines streamsched tests
+(3.9.1 and 4.4.0; see :data:`streamsched.kafka.version.TESTED_KAFKA_VERSIONS`)."""
 _CONTAINER_ENV = {
     # A single broker: internal topics (transactions!) must not ask for 3 replicas.
     "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",

@@ -37,7 +37,7 @@ from streamsched.ops.replay import (
     parse_time,
     plan_reset,
 )
-from streamsched.ops.replay_verify import IdentityReplay, Progress
+from streamsched.ops.replay_verify import LONG_RANGE, IdentityReplay, Progress
 from streamsched.testing import WorkerProcess, make_event, wait_drained, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,15 +73,17 @@ def test_an_outcome_past_the_horizon_counts_as_a_new_effect() -> None:
     assert IdentityReplay("sched_a", 0).would_execute
 
 
-def test_progress_prints_plain_lines_without_tqdm(capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_draws_a_bar_on_long_ranges_only(capsys: pytest.CaptureFixture[str]) -> None:
     meter = Progress(4, enabled=True)
     meter.update(4)
     meter.close()
-    assert "replay verify: 4/4 records (100%)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "replay verify" in err and "4/4" in err and "100%" in err
     quiet = Progress(4)  # a short range: no progress by default
     quiet.update(4)
     quiet.close()
     assert capsys.readouterr().err == ""
+    assert Progress(LONG_RANGE).enabled
 
 
 # --- helpers -----------------------------------------------------------------------------------------
