@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamsched.errors import ConfigError
-from streamsched.kafka import retrylog, security, version
+from streamsched.kafka import clientlog, security, version
 from streamsched.kafka.security import Secret
 from streamsched.model.retry import register_transport_errors
 
@@ -243,6 +243,7 @@ register_transport_errors(_transport_errors)
 
 def connection(conn: Conn) -> Connection:
     """``conn`` as a :class:`Connection` (a bare string is the bootstrap list)."""
+    clientlog.install_bootstrap()  # every factory passes here: an unreachable cluster is one line
     return conn if isinstance(conn, Connection) else Connection(conn)
 
 
@@ -368,6 +369,7 @@ async def verify_broker(conn: Connection, client: Any) -> version.DetectedVersio
 
 
 async def _verify_started(client_obj: Any, client: Any, close: Any) -> None:
+    clientlog.connected()  # started: it reached a bootstrap address
     conn = client_obj._streamsched_conn
     if conn is None:
         return
@@ -424,7 +426,7 @@ def transactional_producer(conn: Conn, transactional_id: str, **options: Any) ->
     _refuse(options, LOCKED_PRODUCER, "producer")
     if not transactional_id:
         raise ConfigError("a transactional producer needs a transactional id")
-    retrylog.install()  # KIP-890's routine produce retries: one line a minute, not hundreds
+    clientlog.install()  # KIP-890's routine produce retries: one line a minute, not hundreds
     c = connection(conn)
     built = _producer_class()(acks="all", enable_idempotence=True, transactional_id=transactional_id,
                               **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})

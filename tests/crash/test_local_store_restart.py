@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,11 @@ import pytest
 from consumers.harness import (
     CRASH_ENV,
     audit,
+    claim_history,
     seeded_workflow,
     unresolved_below_commit,
 )
+from consumers.ledger import Ledger
 from streamsched.kafka.reads import group_lag, read_topic
 from streamsched.testing import WorkerProcess, wait_drained
 
@@ -49,12 +52,28 @@ async def test_restart_from_local_store_reads_only_the_tail(bootstrap: str, tmp_
     assert (await group_lag(bootstrap, wf.group, wf.topic)).total > 0, "the crash left nothing to do"
     state_records = len(await read_topic(bootstrap, wf.state_topic))
     assert state_records >= 70, "the crash came before the store held anything"
+    # The ledger counts every accepted call (its effects table dedupes by key, so it cannot
+    # show a re-execution). An identity whose outcome was committed before the crash must see
+    # no new call: a store that lost it would run the command again with a higher fence.
+    resolved = {identity for identity, states in (await claim_history(bootstrap, wf)).items()
+                if any(st.outcome is not None for st in states)}
+    assert len(resolved) >= 30, "too few outcomes committed before the crash to prove anything"
+
+    def accepted_calls() -> Counter[str]:
+        return Counter(key for key, _fence, accepted in Ledger(wf.ledger).calls() if accepted)
+
+    before = accepted_calls()
 
     survivor = WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=tmp_path / "survivor.log").start()
     try:
         await wait_drained(bootstrap, wf.group, wf.topic, timeout=120)
     finally:
         assert survivor.terminate() == 0
+
+    after = accepted_calls()
+    rerun = sorted(key for key in resolved if after[key] != before[key])
+    assert rerun == [], f"{len(rerun)} identities with a stored outcome executed again"
+    assert sum(after.values()) > sum(before.values()), "the restart executed nothing at all"
 
     counters = final_metrics(tmp_path / "survivor.log")["counters"]
     assert counters.get("restores{kind=warm}") == 2 and "restores{kind=cold}" not in counters, counters

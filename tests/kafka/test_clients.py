@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from streamsched.kafka import clients, retrylog
+from streamsched.kafka import clientlog, clients
 from streamsched.testing import wait_for
 
 
@@ -70,7 +70,7 @@ async def test_position_now_is_known_after_a_fetch_and_never_waits(
 
 
 def _retry_record(error: type[BaseException]) -> logging.LogRecord:
-    return logging.LogRecord(retrylog.SENDER_LOGGER, logging.WARNING, __file__, 1,
+    return logging.LogRecord(clientlog.SENDER_LOGGER, logging.WARNING, __file__, 1,
                              "Got error produce response on topic-partition %s, retrying. Error: %s",
                              ("TopicPartition(topic='t', partition=0)", error), None)
 
@@ -80,14 +80,14 @@ def test_routine_not_enough_replicas_retries_become_one_summary_per_window(
     from aiokafka.errors import NotEnoughReplicasError, RequestTimedOutError
 
     now = [0.0]
-    summary = retrylog.RetrySummary(clock=lambda: now[0], window_s=60)
+    summary = clientlog.RetrySummary(clock=lambda: now[0], window_s=60)
     assert summary.filter(_retry_record(NotEnoughReplicasError))  # the first passes as it is
-    caplog.set_level(logging.WARNING, logger=retrylog.__name__)
+    caplog.set_level(logging.WARNING, logger=clientlog.__name__)
     for _ in range(5):
         now[0] += 1
         assert not summary.filter(_retry_record(NotEnoughReplicasError))
     assert summary.filter(_retry_record(RequestTimedOutError))  # any other error passes
-    other = logging.LogRecord(retrylog.SENDER_LOGGER, logging.WARNING, __file__, 1, "other", (), None)
+    other = logging.LogRecord(clientlog.SENDER_LOGGER, logging.WARNING, __file__, 1, "other", (), None)
     assert summary.filter(other)
     assert not caplog.records
     now[0] = 61
@@ -100,11 +100,46 @@ def test_routine_not_enough_replicas_retries_become_one_summary_per_window(
 
 async def test_a_transactional_producer_installs_the_summary_on_aiokafkas_sender_logger(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    logger = logging.getLogger(retrylog.SENDER_LOGGER)
-    others = [f for f in logger.filters if not isinstance(f, retrylog.RetrySummary)]
+    logger = logging.getLogger(clientlog.SENDER_LOGGER)
+    others = [f for f in logger.filters if not isinstance(f, clientlog.RetrySummary)]
     monkeypatch.setattr(logger, "filters", others)
-    monkeypatch.setattr(retrylog, "_installed", None)
+    monkeypatch.setattr(clientlog, "_installed", None)
     clients.transactional_producer("127.0.0.1:9", "t-id")  # built, never started
     clients.transactional_producer("127.0.0.1:9", "t-id-2")
-    installed = [f for f in logger.filters if isinstance(f, retrylog.RetrySummary)]
-    assert len(installed) == 1 and installed[0] is retrylog._installed
+    installed = [f for f in logger.filters if isinstance(f, clientlog.RetrySummary)]
+    assert len(installed) == 1 and installed[0] is clientlog._installed
+
+
+def _bootstrap_record(host: str, port: int) -> logging.LogRecord:
+    return logging.LogRecord(clientlog.CLIENT_LOGGER, logging.ERROR, __file__, 1,
+                             'Unable connect to "%s:%s": %s', (host, port, OSError(111, "refused")), None)
+
+
+def test_bootstrap_errors_are_held_until_a_client_connects_then_said_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    held = clientlog.BootstrapErrors()
+    caplog.set_level(logging.WARNING, logger=clientlog.__name__)
+    assert not held.filter(_bootstrap_record("10.0.0.1", 9092))
+    assert not held.filter(_bootstrap_record("10.0.0.1", 9092))
+    other = logging.LogRecord(clientlog.CLIENT_LOGGER, logging.ERROR, __file__, 1,
+                              "Unable connect to node with id %s: %s", (1, "x"), None)
+    assert held.filter(other)  # only the bootstrap message is held
+    assert not caplog.records
+    held.connected()
+    held.connected()
+    assert [r.getMessage() for r in caplog.records] == [
+        "bootstrap address(es) unreachable before a client connected: 10.0.0.1:9092"]
+    assert held.filter(_bootstrap_record("10.0.0.2", 9092))  # after a connection: as it is
+
+
+async def test_every_client_factory_installs_the_bootstrap_filter_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    logger = logging.getLogger(clientlog.CLIENT_LOGGER)
+    monkeypatch.setattr(logger, "filters", [f for f in logger.filters
+                                            if not isinstance(f, clientlog.BootstrapErrors)])
+    monkeypatch.setattr(clientlog, "_bootstrap", None)
+    clients.consumer("127.0.0.1:9")
+    clients.producer("127.0.0.1:9")
+    clients.admin("127.0.0.1:9")
+    installed = [f for f in logger.filters if isinstance(f, clientlog.BootstrapErrors)]
+    assert len(installed) == 1 and installed[0] is clientlog._bootstrap

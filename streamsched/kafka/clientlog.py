@@ -1,0 +1,141 @@
+"""aiokafka log records that streamsched reports better itself: two filters, nothing else touched.
+
+**Routine produce retries** (:class:`RetrySummary`). Kafka 3.6+ brokers verify every
+transactional produce with the coordinator (KIP-890 part 1) and answer one that races the
+previous transaction's markers with NOT_ENOUGH_REPLICAS, their translation of
+CONCURRENT_TRANSACTIONS for clients that predate it (aiokafka included; see
+:data:`streamsched.kafka.txn.RETRY_BACKOFF_MS`). aiokafka retries and logs a WARNING for each
+one: measured, 73-204 lines per 47,000 Kafka-native items at half load and hundreds per minute
+at full load, which buries the warnings that matter. The same error also means a real fault
+(fewer in-sync replicas than ``min.insync.replicas``), so the records are not dropped silently:
+the first one passes as it is, and the rest become one summary line per :data:`WINDOW_S` with
+their count; a fault that persists therefore still shows every minute.
+
+Only that one error in that one aiokafka message is touched.
+
+**Bootstrap failures before the first connection** (:class:`BootstrapErrors`). aiokafka logs an
+ERROR for every bootstrap address it cannot reach, then raises; a command that cannot reach
+Kafka at all already reports that in one line of its own (exit 3, README "Exit codes"), so
+the ERROR lines in front of it only repeat it with a traceback-like prefix. Until a client of
+this process has connected once, those records are held (the addresses only, at most
+:data:`MAX_HELD`); when one connects, the held addresses are logged as one WARNING (a bootstrap
+list with a dead entry still deserves a word); after that every record passes as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+SENDER_LOGGER = "aiokafka.producer.sender"
+CLIENT_LOGGER = "aiokafka"
+"""aiokafka's client module logs its bootstrap failures under this name."""
+WINDOW_S = 60.0
+MAX_HELD = 16
+
+log = logging.getLogger(__name__)
+
+
+class RetrySummary(logging.Filter):
+    """Turns aiokafka's NOT_ENOUGH_REPLICAS produce-retry warnings into a count per window."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S) -> None:
+        super().__init__()
+        self._clock = clock
+        self._window_s = window_s
+        self._lock = threading.Lock()  # logging may be called from any thread
+        self._window_start: float | None = None
+        self._held = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _is_routine_retry(record):
+            return True
+        now = self._clock()
+        with self._lock:
+            if self._window_start is None:
+                self._window_start = now
+                return True  # the first one as it is: the operator sees what the summaries count
+            if now - self._window_start < self._window_s:
+                self._held += 1
+                return False
+            held, self._held, self._window_start = self._held + 1, 0, now
+        log.warning("aiokafka retried %d produce requests after NOT_ENOUGH_REPLICAS in the last %.0f s "
+                    "(routine on Kafka 3.6+ right after a transaction commits; if it never stops, a "
+                    "partition has fewer in-sync replicas than min.insync.replicas)", held, self._window_s)
+        return False
+
+
+def _is_routine_retry(record: logging.LogRecord) -> bool:
+    if record.levelno != logging.WARNING or not str(record.msg).startswith("Got error produce response on"):
+        return False
+    args = record.args if isinstance(record.args, tuple) else ()
+    error = args[-1] if args else None
+    name = getattr(error, "__name__", type(error).__name__)
+    return name == "NotEnoughReplicasError"
+
+
+_BOOTSTRAP_MSG = 'Unable connect to "%s:%s": %s'
+
+
+class BootstrapErrors(logging.Filter):
+    """Holds aiokafka's per-address bootstrap errors until a client of this process connects."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._connected = False
+        self._held: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._connected or record.msg != _BOOTSTRAP_MSG:
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        with self._lock:
+            if self._connected:
+                return True
+            if len(args) >= 2 and len(self._held) < MAX_HELD:
+                self._held.append(f"{args[0]}:{args[1]}")
+        return False
+
+    def connected(self) -> None:
+        """A client connected: say which addresses failed before, then let every record pass."""
+        with self._lock:
+            if self._connected:
+                return
+            self._connected, held, self._held = True, self._held, []
+        if held:
+            log.warning("bootstrap address(es) unreachable before a client connected: %s",
+                        ", ".join(dict.fromkeys(held)))
+
+
+_installed: RetrySummary | None = None
+_bootstrap: BootstrapErrors | None = None
+_install_lock = threading.Lock()
+
+
+def install() -> RetrySummary:
+    """Put the summary filter on aiokafka's sender logger, once per process."""
+    global _installed
+    with _install_lock:
+        if _installed is None:
+            _installed = RetrySummary()
+            logging.getLogger(SENDER_LOGGER).addFilter(_installed)
+        return _installed
+
+
+def install_bootstrap() -> BootstrapErrors:
+    """Put the bootstrap filter on aiokafka's client logger, once per process."""
+    global _bootstrap
+    with _install_lock:
+        if _bootstrap is None:
+            _bootstrap = BootstrapErrors()
+            logging.getLogger(CLIENT_LOGGER).addFilter(_bootstrap)
+        return _bootstrap
+
+
+def connected() -> None:
+    """Called once a client started: held bootstrap errors become one warning."""
+    if _bootstrap is not None:
+        _bootstrap.connected()
