@@ -215,13 +215,14 @@ class ApplyReport:
 
 async def apply(bootstrap: clients.Conn, specs: Iterable[TopicSpec], *,
                 visible_timeout_s: float = VISIBLE_TIMEOUT_S,
-                allow_drift: bool = False, allow_single_replica: bool = False,
+                allow_drift: bool = False, allow_single_replica: bool = False, create: bool = True,
                 **client_options: Any) -> ApplyReport:
     """Create missing topics and verify existing ones; raise :class:`TopicMismatch` on drift.
 
     ``allow_drift`` accepts (and reports) a replication factor or ``min.insync.replicas`` other
     than the definition's; ``allow_single_replica`` allows creating an internal topic with one
-    replica on a multi-broker cluster (see the module docs).
+    replica on a multi-broker cluster (see the module docs). ``create=False`` only verifies (a
+    role without CREATE): a missing topic raises :class:`~streamsched.errors.ConfigError`.
     """
     from aiokafka.admin import NewTopic
 
@@ -233,6 +234,9 @@ async def apply(bootstrap: clients.Conn, specs: Iterable[TopicSpec], *,
         specs = [s.resolved(brokers) for s in specs]
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
+        if missing and not create:
+            raise ConfigError(f"topic {missing[0].name} does not exist and topic creation is off: "
+                              f"an operator creates it (streamsched topics apply)")
         single = [s.name for s in missing if s.internal and s.replication == 1]
         if single and brokers > 1 and not allow_single_replica:
             raise ConfigError(

@@ -107,13 +107,16 @@ class Catalog:
     """Client of one schedule catalog (see module docs)."""
 
     def __init__(self, bootstrap: clients.Conn, name: str = "default", *, partitions: int = 4,
-                 replication: int | None = None, allow_single_replica: bool = False) -> None:
+                 replication: int | None = None, allow_single_replica: bool = False,
+                 create_topics: bool = True) -> None:
         self.bootstrap = bootstrap
         self.name = validate_name(name, "catalog")
         self.partitions = partitions
         self.replication = replication
         """Of the catalog's topics; None: ``min(3, brokers)`` (streamsched.kafka.admin)."""
         self.allow_single_replica = allow_single_replica
+        self.create_topics = create_topics
+        """False: :meth:`ensure_topics` only verifies (a role without CREATE; ``topics apply --catalog``)."""
 
     @functools.cached_property
     def definitions_topic(self) -> str:
@@ -152,7 +155,7 @@ class Catalog:
         accepted and the difference logged; an explicit replication refuses it.
         """
         report = await apply(self.bootstrap, self.topic_specs(), allow_drift=self.replication is None,
-                             allow_single_replica=self.allow_single_replica)
+                             allow_single_replica=self.allow_single_replica, create=self.create_topics)
         for drift in report.drift:
             log.warning("%s", drift)
 

@@ -155,3 +155,16 @@ def test_readme_lists_the_exit_codes() -> None:
     section = section[:section.index("\n## ", 1)]
     for code in ("0", "1", "2", "3", "4", "128+N"):
         assert re.search(rf"^\| {re.escape(code)} \|", section, re.MULTILINE), code
+
+
+def test_run_help_names_every_variable_the_worker_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    import inspect
+
+    from streamsched.worker import intake
+
+    read = set(re.findall(r"STREAMSCHED_[A-Z_]+", inspect.getsource(intake.worker_config_from_env)))
+    assert len(read) >= 6
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    shown = capsys.readouterr().out
+    assert sorted(v for v in read if v not in shown) == []

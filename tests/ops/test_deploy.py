@@ -119,6 +119,13 @@ def test_compose_parses_and_every_command_parses_with_the_cli(monkeypatch: pytes
     assert "HOST://localhost:29092" in kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     assert kafka["ports"] == ["127.0.0.1:29092:29092"]
     assert isinstance(kafka["healthcheck"]["test"], list)
+    # The data volume is where the broker writes (the image's own default is under /tmp).
+    data = [v.split(":")[1] for v in kafka["volumes"] if v.split(":")[0] in doc["volumes"]]
+    assert data == [kafka["environment"]["KAFKA_LOG_DIRS"]]
+    # The topics job also creates the ticker's catalog: nothing else may create topics.
+    catalog = services["ticker"]["command"][services["ticker"]["command"].index("--catalog") + 1]
+    topics_cmd = services["topics"]["command"]
+    assert topics_cmd[topics_cmd.index("--catalog") + 1] == catalog
 
 
 def test_the_documented_compose_commands_parse(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,9 +172,11 @@ def test_kubernetes_example_probes_grace_and_commands(monkeypatch: pytest.Monkey
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         env = {e["name"] for e in container.get("env", [])}
         assert "STREAMSCHED_SASL_PASSWORD" not in env  # secrets come from mounted files
+        assert args.no_create_topics, f"{d['metadata']['name']}: least authority, the job creates topics"
     for job in jobs:
         (container,) = job["spec"]["template"]["spec"]["containers"]
-        check_command(container["args"], monkeypatch)
+        job_args = check_command(container["args"], monkeypatch)
+        assert job_args.catalog == ["default"]  # the ticker's catalog: it may not create it
 
 
 def test_readme_says_what_was_checked_where() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.errors import InvalidName, InvalidSpec, ReservedName
+from streamsched.kafka import clients
 from streamsched.kafka.reads import read_topic
 from streamsched.model.retry import Terminal
 from streamsched.model.schedule import ScheduleStatus
@@ -192,3 +193,28 @@ async def _status(catalog: Catalog, name: str, status: ScheduleStatus, version: 
 
 async def _no_state(catalog: Catalog, name: str) -> bool:
     return name not in await catalog.states()
+
+
+async def test_a_ticker_without_topic_creation_refuses_a_missing_catalog_in_one_line(
+        bootstrap: str, unique: Callable[[str], str]) -> None:
+    import subprocess
+    import sys
+
+    from streamsched.testing import ROOT
+
+    name = unique("nocreate")
+    proc = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "streamsched", "schedule", "tick", "--catalog", name,
+                         "--no-create-topics", "--bootstrap", bootstrap],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    definitions = Catalog(bootstrap, name).definitions_topic
+    assert proc.stderr == (f"streamsched: ConfigError: topic {definitions} does not exist and topic "
+                           "creation is off: an operator creates it (streamsched topics apply)\n")
+    admin = clients.admin(bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+    finally:
+        await admin.close()
+    assert not existing & {s.name for s in Catalog(bootstrap, name).topic_specs()}  # nothing created

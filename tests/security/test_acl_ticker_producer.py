@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sqlite3
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -138,15 +141,23 @@ class TickerRole:
 
 
 @pytest.fixture(scope="module")
-async def ticker_role(secure: LocalCluster) -> AsyncIterator[TickerRole]:
+async def ticker_role(secure: LocalCluster,
+                      tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[TickerRole]:
     assert secure.security is not None
     ns = uuid.uuid4().hex[:6]
     name, target, undeclared = f"acl{ns}", f"ticks-{ns}", f"undeclared-t-{ns}"
     admin = secure.connection()
-    catalog = Catalog(admin, name, partitions=PARTITIONS)
-    await catalog.ensure_topics()  # the operator's job: the ticker has no CREATE
-    await apply(admin, [TopicSpec(target, 2, 1, "transition"), TopicSpec(undeclared, 1, 1, "output")])
+    catalog = Catalog(admin, name, partitions=PARTITIONS, create_topics=False)  # the ticker's view
     admin_file = secure.security.write_client_file(secure.bootstrap, "admin")
+    # The operator's job, with the CLI an operator runs: the ticker has no CREATE.
+    no_definitions = tmp_path_factory.mktemp("no-topic-definitions")
+    command = [sys.executable, "-m", "streamsched", "topics", "apply", "--dir", str(no_definitions),
+               "--catalog", name, "--catalog-partitions", str(PARTITIONS), "--config", str(admin_file)]
+    applied = await asyncio.to_thread(subprocess.run, command, cwd=ROOT, capture_output=True, text=True,
+                                      timeout=120)
+    assert applied.returncode == 0, applied.stderr
+    assert sorted(json.loads(applied.stdout)["created"]) == sorted(s.name for s in catalog.topic_specs())
+    await apply(admin, [TopicSpec(target, 2, 1, "transition"), TopicSpec(undeclared, 1, 1, "output")])
     role = ["--role", "ticker", "--catalog", name, "--target", target, "--principal", "User:ticker"]
     assert await asyncio.to_thread(acl.run_acl, _args("apply", *role, "--config", str(admin_file))) == 0
     yield TickerRole(name, catalog, target, undeclared, admin,
@@ -188,7 +199,7 @@ async def test_a_ticker_runs_with_exactly_its_planned_acls(ticker_role: TickerRo
     log = tmp_path / "ticker.log"
     ticker = WorkerProcess("unused:app", r.conn.bootstrap, log_path=log, cwd=ROOT,
                            env={"STREAMSCHED_CONFIG": str(r.config_file)},
-                           command=["schedule", "tick", "--catalog", r.name]).start()
+                           command=["schedule", "tick", "--catalog", r.name, "--no-create-topics"]).start()
     try:
         async def fired_and_committed() -> bool:
             assert ticker.alive(), ticker.log_tail()

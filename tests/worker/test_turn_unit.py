@@ -392,6 +392,42 @@ async def test_a_record_on_the_wrong_partition_never_executes_here() -> None:
     assert last.on(TOPIC) == moved  # forwarded in the transaction that moves the offset on
 
 
+async def test_a_record_fetched_twice_executes_once_and_counts_once() -> None:
+    # Issue 8.5: a fetch sequence that answers the same records again (the double read once seen
+    # on Kafka 4.1.1, a retried fetch). The intake hands the turn only what FetchGuard passes;
+    # here the two are composed as the intake composes them, over the fake cluster's records.
+    from streamsched.worker.fetchguard import FetchGuard
+
+    w = World()
+    recs = [w.produce(event(f"o{i}")) for i in range(3)]
+    tp = TopicPartition(TOPIC, 0)
+    answers = [{tp: recs[:2]}, {tp: recs}, {tp: [recs[1], recs[2], recs[2]]}]
+
+    class Replaying:
+        def assignment(self) -> set[TopicPartition]:
+            return {tp}
+
+        async def getmany(self, *tps: TopicPartition, timeout_ms: int = 0,
+                          max_records: int = 100) -> dict[Any, Any]:
+            return answers.pop(0) if answers else {}
+
+    runner = await w.runner()
+    guard = FetchGuard(runner.metrics, lambda _tp: "transition")
+    guard.sought(tp, 0)  # the owner resumed at offset 0
+    stop = asyncio.Event()
+    for _ in range(4):
+        for fetched_tp, records in (await guard.fetch(Replaying(), 64, stop)).items():
+            guard.delivered(fetched_tp, records)
+            await runner.step(runner.prepare(records))
+    await runner.drain()
+    assert sorted(c.idempotency_key for c in w.calls) == sorted(w.identity(event(f"o{i}")) for i in range(3))
+    counters = runner.metrics.counters
+    assert counters["committed"] == 3 and counters["releases"] == 3  # nothing counted twice
+    assert counters["fetched_duplicates"] == 5
+    assert len([c for c in w.claims() if c.status is ClaimStatus.CLAIMED]) == 3  # one claim each
+    assert w.committed() == 3
+
+
 # ------------------------------------------------------------------------------ pipelining
 
 

@@ -67,6 +67,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def cmd_topics(args: argparse.Namespace) -> int:
     from streamsched.kafka.admin import TopicSpec, apply, load_dir
+    from streamsched.schedules.catalog import Catalog
 
     specs = load_dir(Path(args.dir))
     if args.replication:
@@ -83,6 +84,9 @@ def cmd_topics(args: argparse.Namespace) -> int:
                                      "dead_letter"))
             derived.append(TopicSpec(sched.delay_topic, base.partitions, base.replication, "delay"))
     bootstrap = connect(args)
+    for name in args.catalog or ():
+        catalog = Catalog(bootstrap, name, partitions=args.catalog_partitions, replication=args.replication)
+        derived.extend(catalog.topic_specs())
     # Replication or min.insync.replicas other than the definition's is refused unless
     # --allow-drift (then reported); an internal RF 1 topic on a multi-broker cluster needs
     # --allow-single-replica (streamsched.kafka.admin).

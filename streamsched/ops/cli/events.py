@@ -68,7 +68,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from streamsched.schedules.catalog import Catalog
 
     catalog = Catalog(connect(args), args.catalog, partitions=args.partitions, replication=args.replication,
-                      allow_single_replica=args.allow_single_replica)
+                      allow_single_replica=args.allow_single_replica,
+                      create_topics=not args.no_create_topics)
 
     async def run() -> int:
         if args.action == "add":

@@ -45,6 +45,8 @@ environment (besides the flags' own):
   STREAMSCHED_HEARTBEAT_MS        heartbeat interval (default 1000)
   STREAMSCHED_COMMIT_INTERVAL_S   how long a Kafka-native transaction gathers batches, and how
                                   often offsets ride a transaction (seconds, 0.1)
+  STREAMSCHED_STORE_CACHE_BYTES   with --store-dir: bytes of decoded claims cached in memory per
+                                  worker (default 4194304; RocksDB's own cache is separate)
   STREAMSCHED_LOG                 log level (default WARNING; DEBUG also prints tracebacks)
 
 The first SIGTERM or SIGINT drains, commits and leaves the group (exit 0); a second stops at once.
@@ -115,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--app", action="append", default=None, metavar="MODULE:ATTR",
                    help="an app whose schedulers' state, dead-letter and delay topics to apply too "
                         "(repeatable)")
+    t.add_argument("--catalog", action="append", default=None, metavar="NAME",
+                   help="a schedule catalog whose definitions, state, history and feedback topics to apply "
+                        "too (repeatable; for tickers run with `schedule tick --no-create-topics`)")
+    t.add_argument("--catalog-partitions", type=int, default=4,
+                   help="partitions of those catalog topics (default 4, as `schedule --partitions`)")
     t.add_argument("--replication", type=int, default=None,
                    help="replication factor of every topic applied (default: each definition's, else "
                         "min(3, brokers); internal topics get min.insync.replicas min(2, replication))")
@@ -196,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "min.insync.replicas min(2, replication)); an explicit one refuses topics "
                          "that differ")
     _add_single_replica_option(sc)
+    sc.add_argument("--no-create-topics", action="store_true",
+                    help="only verify the catalog's topics, never create them (a ticker role without CREATE; "
+                         "an operator runs `topics apply --catalog NAME`); a missing one is exit 2")
     sc.add_argument("--json", action="store_true", help="list: machine output (a JSON array)")
     add_connection_options(sc)
     _add_status_options(sc, port_from_env=False)  # used by `tick`

@@ -1,0 +1,119 @@
+"""The other reference workflows under their own principals (the ``pipelines`` role, and the
+broker's refusals, are in test_acl_roles.py): ``due_runs`` (an external command: claim before
+effect, a SQLite ledger) and ``reports`` (Kafka-native, a schedule's target) each run end to end
+as their own SCRAM user holding exactly the ACLs ``acl plan`` prints, applied with ``acl apply``,
+with topic creation off; every event executes once and the broker refused nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from consumers.ledger import Ledger
+from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.kafka.reads import read_topic
+from streamsched.ops import acl
+from streamsched.ops.broker import LocalCluster
+from streamsched.testing import ROOT, WorkerProcess, make_event, produce_events, wait_for
+
+EVENTS = 8
+
+
+def load_reference(name: str, ns: str, env: dict[str, str]) -> ModuleType:
+    """A fresh copy of consumers/<name>.py whose names carry the namespace ``ns``."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        spec = importlib.util.spec_from_file_location(f"{name}_{uuid.uuid4().hex}",
+                                                      ROOT / "consumers" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        for k, v in before.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "streamsched", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+def _key(d: dict[str, str]) -> tuple[str, ...]:
+    return tuple(d[k] for k in ("resource_type", "pattern_type", "resource_name", "operation", "principal",
+                                "host", "permission"))
+
+
+@pytest.mark.parametrize(("workflow", "event_type"), [("due_runs", "due"), ("reports", "report")])
+async def test_a_reference_workflow_runs_end_to_end_with_exactly_its_planned_acls(
+        secure: LocalCluster, tmp_path: Path, workflow: str, event_type: str) -> None:
+    assert secure.security is not None
+    ns = f"-acl{uuid.uuid4().hex[:6]}"
+    env = {"STREAMSCHED_NAMESPACE": ns, "STREAMSCHED_LEDGER": str(tmp_path / "ledger.sqlite3")}
+    module = load_reference(workflow, ns, env)
+    (s,) = module.app.schedulers.values()
+    principal, app_ref = f"User:{workflow}", f"consumers.{workflow}:app"
+    admin = secure.connection()
+    # The operator's job: every topic, created beforehand (the role has no CREATE).
+    await apply(admin, [TopicSpec(s.topic, 2, 1, "transition"), TopicSpec(s.state_topic, 2, 1, "state"),
+                        TopicSpec(s.dead_letter_topic, 2, 1, "dead_letter"),
+                        TopicSpec(s.delay_topic, 2, 1, "delay"),
+                        *(TopicSpec(t, 1, 1, "output") for t in sorted(s.outputs))])
+    admin_file = secure.security.write_client_file(secure.bootstrap, "admin")
+    role = ["--app", app_ref, "--principal", principal]
+    applied = _cli(["acl", "apply", *role, "--config", str(admin_file)], env)
+    assert applied.returncode == 0, applied.stderr
+    planned = _cli(["acl", "plan", *role, "--format", "json"], env)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    held = await acl.describe(admin, principal)
+    assert sorted(a.key() for a in held) == sorted(_key(d) for d in plan)  # exactly the plan
+    assert not {d["operation"] for d in plan} & {"CREATE", "ALTER", "ALTER_CONFIGS", "DELETE", "ALL"}
+
+    log = tmp_path / "worker.log"
+    config = secure.security.write_client_file(secure.bootstrap, workflow)
+    worker = WorkerProcess(app_ref, secure.bootstrap, log_path=log, cwd=ROOT,
+                           env={**env, "STREAMSCHED_CONFIG": str(config)},
+                           command=["run", app_ref, "--no-create-topics"]).start()
+    targets = [f"{workflow}-{i}" for i in range(EVENTS)]
+    try:
+        await produce_events(admin, s.topic, [make_event(event_type, "t", [t]) for t in targets])
+
+        async def effects() -> list[str]:
+            assert worker.alive(), worker.log_tail()
+            if workflow == "due_runs":
+                ledger = Path(env["STREAMSCHED_LEDGER"])
+                if not ledger.exists():
+                    return []
+                return [run_id for _idem, run_id, _fence in Ledger(ledger).effects()]
+            (events_topic,) = s.outputs
+            return [json.loads(r.value)["idempotency_key"]
+                    for r in await read_topic(admin, events_topic, timeout_s=10)]
+
+        async def done() -> bool:
+            return len(await effects()) >= EVENTS
+
+        await wait_for(done, timeout=120, what=f"{workflow} to run every event under its own principal")
+        got = await effects()
+        assert len(got) == len(set(got)) == EVENTS  # each exactly once
+        if workflow == "due_runs":
+            assert sorted(got) == sorted(targets)
+            # Only accepted calls: the external command never saw a stale fence.
+            assert all(accepted for _idem, _fence, accepted in Ledger(env["STREAMSCHED_LEDGER"]).calls())
+    finally:
+        code = worker.terminate()
+    assert code == 0, worker.log_tail()
+    assert "AuthorizationFailed" not in log.read_text(errors="replace")
