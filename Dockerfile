@@ -20,8 +20,8 @@ RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 FROM ${PYTHON_IMAGE} AS runtime
 RUN groupadd --system --gid 10001 streamsched \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /app streamsched \
-    && mkdir -p /app /data \
-    && chown streamsched:streamsched /data
+    && mkdir -p /app /data /var/lib/streamsched \
+    && chown streamsched:streamsched /data /var/lib/streamsched
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels streamsched \
     && rm -rf /wheels
@@ -34,7 +34,11 @@ USER 10001:10001
 ENV PYTHONUNBUFFERED=1 \
     STREAMSCHED_STATUS_HOST=0.0.0.0 \
     STREAMSCHED_STATUS_PORT=9464 \
-    STREAMSCHED_LEDGER=/data/ledger.sqlite3
+    STREAMSCHED_LEDGER=/data/ledger.sqlite3 \
+    STREAMSCHED_STORE_DIR=/var/lib/streamsched
+# Claim stores (RocksDB per owned partition): a cache of the state topic, so a volume here only
+# makes restarts warm; losing it costs a cold restore, never correctness.
+VOLUME ["/var/lib/streamsched"]
 EXPOSE 9464
 # Readiness of a worker or ticker: every assigned partition restored, owned and running.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \

@@ -191,7 +191,10 @@ def start_role(role: str, bootstrap: str, logdir: Path, **opts: object) -> Proc:
 def start_worker(bootstrap: str, logdir: Path, kind: str, topic: str, name: str, out: str,
                  commit_interval_s: float) -> Proc:
     env = {"BENCH_KIND": kind, "BENCH_TOPIC": topic, "BENCH_NAME": name, "BENCH_OUT": out,
-           "STREAMSCHED_COMMIT_INTERVAL_S": str(commit_interval_s)}
+           "STREAMSCHED_COMMIT_INTERVAL_S": str(commit_interval_s),
+           # `streamsched run`'s default claim store (on disk), in the run's own directory;
+           # STREAMSCHED_STORE_DIR=:memory: in the environment measures the in-memory store.
+           "STREAMSCHED_STORE_DIR": os.environ.get("STREAMSCHED_STORE_DIR", str(logdir / "stores"))}
     w = WorkerProcess("bench.turns_app:app", bootstrap, env=env, log_path=logdir / f"{name}.log")
     return Proc(worker=w.start())
 

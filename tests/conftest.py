@@ -32,6 +32,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.kafka)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def claim_stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Workers the tests start (``streamsched run`` keeps claims on disk by default) put their
+    stores in this session's temporary directory, not the user's ~/.local/state."""
+    chosen = os.environ.get("STREAMSCHED_STORE_DIR")
+    path = Path(chosen) if chosen else tmp_path_factory.mktemp("claim-stores")
+    os.environ["STREAMSCHED_STORE_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if chosen is None:
+            os.environ.pop("STREAMSCHED_STORE_DIR", None)
+
+
 @pytest.fixture(scope="session")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real single-node KRaft broker (or STREAMSCHED_TEST_BOOTSTRAP if set)."""

@@ -181,12 +181,15 @@ def _app_path(config: pytest.Config) -> list[Path]:
 def streamsched_worker(streamsched_bootstrap: str, streamsched_app: str, streamsched_env: dict[str, str],
                        request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkerFactory]:
     """``streamsched_worker()`` starts a worker of the user's app (a WorkerProcess); teardown
-    stops every worker it started (SIGTERM, then SIGKILL)."""
+    stops every worker it started (SIGTERM, then SIGKILL). The workers of one test share a claim
+    store directory in its ``tmp_path`` (so a restart after ``crash_at`` restores warm, as in
+    production), unless ``streamsched_env`` names another."""
     logs = tmp_path / "streamsched-workers"
     logs.mkdir(exist_ok=True)
+    env = {"STREAMSCHED_STORE_DIR": str(tmp_path / "streamsched-stores"), **streamsched_env}
     factory = WorkerFactory(streamsched_bootstrap, app=streamsched_app or None,
                             cwd=Path(request.config.rootpath), app_path=_app_path(request.config),
-                            log_dir=logs, env=streamsched_env)
+                            log_dir=logs, env=env)
     try:
         yield factory
     finally:

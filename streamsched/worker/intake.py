@@ -84,7 +84,9 @@ class WorkerConfig:
     """Backoff and give-up of a partition whose owner failed (see :mod:`streamsched.kafka.owner`)."""
     store_dir: str | None = None
     """Directory of the disk-backed claim stores (see :mod:`streamsched.worker.claimstore`): a
-    restart then reads only the state partition's tail. None: claims are kept in memory."""
+    restart then reads only the state partition's tail. None: claims are kept in memory (this
+    class's default, for tests and embedding; ``streamsched run`` defaults to a directory, see
+    :func:`worker_config_from_env`)."""
     store_cache_bytes: int = 4 * 1024 * 1024
     """Decoded claim snapshots a disk store caches, per owned partition."""
     outcome_horizon_s: float = HORIZON_DEFAULT_S
@@ -440,7 +442,17 @@ class Worker:
                 self.stores.close()
 
 
-def worker_config_from_env(bootstrap: clients.Conn | None = None, **overrides: Any) -> WorkerConfig:
+def worker_config_from_env(bootstrap: clients.Conn | None = None, *, default_store: bool = False,
+                           **overrides: Any) -> WorkerConfig:
+    """A :class:`WorkerConfig` from ``overrides`` (flags), then ``STREAMSCHED_*`` variables.
+
+    ``default_store`` (``streamsched run``): without a store directory from a flag or the
+    environment, claims go to :func:`~streamsched.worker.rocksenv.default_store_dir`, so a
+    deployed worker's memory stays bounded; ``:memory:`` keeps them in memory. The directory is
+    created and checked for writing here, so a bad one is a one-line error before anything runs.
+    """
+    from streamsched.worker.rocksenv import MEMORY, default_store_dir, usable_store_dir
+
     bs = bootstrap or os.environ.get("STREAMSCHED_BOOTSTRAP")
     if not bs:
         raise ConfigError("no bootstrap servers: pass --bootstrap or set STREAMSCHED_BOOTSTRAP")
@@ -452,4 +464,11 @@ def worker_config_from_env(bootstrap: clients.Conn | None = None, **overrides: A
                            ("outcome_horizon_s", "STREAMSCHED_OUTCOME_HORIZON", parse_duration)):
         if env in os.environ and key not in overrides:
             overrides[key] = kind(os.environ[env])
+    if default_store and "store_dir" not in overrides:
+        overrides["store_dir"] = str(default_store_dir())
+    store_dir = overrides.get("store_dir")
+    if store_dir == MEMORY:
+        overrides["store_dir"] = None
+    elif store_dir is not None:
+        overrides["store_dir"] = usable_store_dir(store_dir)
     return WorkerConfig(bootstrap=bs, **overrides)

@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 from pathlib import Path
 from typing import Any
 
+from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.worker.changelog import TopicIdentity, describe
 
@@ -98,3 +100,29 @@ class StoreEnv:
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
+
+
+MEMORY = ":memory:"
+"""``--store-dir :memory:`` (or ``STREAMSCHED_STORE_DIR=:memory:``): claims kept in memory."""
+
+
+def default_store_dir() -> Path:
+    """Where ``streamsched run`` keeps its claim stores unless told: the user's state directory
+    (``$XDG_STATE_HOME``, else ``~/.local/state``), ``streamsched/stores`` under it."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "streamsched" / "stores"
+
+
+def usable_store_dir(directory: str | Path) -> str:
+    """``directory`` created if missing and writable, or a one-line ConfigError saying what to do."""
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the claim store directory {path} ({exc.strerror}): pass "
+                          f"--store-dir DIR or set STREAMSCHED_STORE_DIR (or {MEMORY} to keep claims "
+                          "in memory)") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"the claim store directory {path} is not writable: pass --store-dir DIR or "
+                          f"set STREAMSCHED_STORE_DIR (or {MEMORY} to keep claims in memory)")
+    return str(path)

@@ -173,6 +173,11 @@ def test_kubernetes_example_probes_grace_and_commands(monkeypatch: pytest.Monkey
         env = {e["name"] for e in container.get("env", [])}
         assert "STREAMSCHED_SASL_PASSWORD" not in env  # secrets come from mounted files
         assert args.no_create_topics, f"{d['metadata']['name']}: least authority, the job creates topics"
+        if args.fn is cli.cmd_run:  # claims on disk: the root filesystem is read-only, so a volume
+            store = re.search(r"STREAMSCHED_STORE_DIR=(\S+)", (ROOT / "Dockerfile").read_text())
+            assert store is not None
+            mounts = {m["mountPath"] for m in container["volumeMounts"]}
+            assert store.group(1) in mounts, d["metadata"]["name"]
     for job in jobs:
         (container,) = job["spec"]["template"]["spec"]["containers"]
         job_args = check_command(container["args"], monkeypatch)

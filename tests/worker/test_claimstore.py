@@ -274,3 +274,31 @@ def test_horizon_bounds_and_durations() -> None:
         parse_duration("seven days")
     with pytest.raises(ConfigError):
         PartitionState(0, horizon_s=60)
+
+
+def test_run_keeps_claims_on_disk_by_default_and_memory_only_when_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamsched.worker.intake import worker_config_from_env
+    from streamsched.worker.rocksenv import MEMORY
+
+    monkeypatch.delenv("STREAMSCHED_STORE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    config = worker_config_from_env("127.0.0.1:9092", default_store=True)
+    assert config.store_dir == str(tmp_path / "state" / "streamsched" / "stores")
+    assert Path(config.store_dir).is_dir()  # created, and checked for writing, up front
+    assert worker_config_from_env("127.0.0.1:9092").store_dir is None  # the library's default
+    assert worker_config_from_env("127.0.0.1:9092", default_store=True, store_dir=MEMORY).store_dir is None
+    monkeypatch.setenv("STREAMSCHED_STORE_DIR", MEMORY)
+    assert worker_config_from_env("127.0.0.1:9092", default_store=True).store_dir is None
+    monkeypatch.setenv("STREAMSCHED_STORE_DIR", str(tmp_path / "mine"))
+    assert worker_config_from_env("127.0.0.1:9092", default_store=True).store_dir == str(tmp_path / "mine")
+
+
+def test_an_unusable_store_directory_is_a_one_line_error_before_anything_runs(tmp_path: Path) -> None:
+    from streamsched.worker.intake import worker_config_from_env
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"^cannot create the claim store directory .*a-file/stores") as err:
+        worker_config_from_env("127.0.0.1:9092", store_dir=str(blocker / "stores"))
+    assert "\n" not in str(err.value) and ":memory:" in str(err.value)

@@ -101,6 +101,41 @@ async def test_store_restores_cold_then_only_the_tail_and_detects_a_recreated_to
         env.close()
 
 
+async def test_a_store_left_by_an_earlier_owner_replays_what_later_owners_wrote(
+        bootstrap: str, unique: Any, tmp_path: Path) -> None:
+    # Owner A's store stays on disk when the partition moves away; owner B (another host)
+    # resolves an identity again and tombstones another (its horizon). When A owns the partition
+    # again, its store is trusted warm (same cluster and topic incarnation, younger than
+    # delete.retention.ms) and the tail it replays carries B's writes, the tombstone included.
+    topic = unique("state")
+    await apply(bootstrap, [TopicSpec(topic, 1, 1, kind="state")])
+    now = time.time_ns()
+    mine = [resolved(f"sched_g{i}", 1, now) for i in range(20)]
+    await write_claims(bootstrap, topic, mine)
+    env, metrics = StoreEnv(tmp_path), Metrics("g")
+    try:
+        store = await open_store(env, bootstrap, topic, 0, metrics=metrics)
+        store.close()  # A leaves; its store stays
+
+        again = resolved("sched_g0", 2, now)  # B: a replay of g0, a higher fence
+        await write_claims(bootstrap, topic, [again])
+        producer = clients.producer(bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, None, key=b"sched_g1", partition=0)  # B: g1 tombstoned
+        finally:
+            await producer.stop()
+
+        store = await open_store(env, bootstrap, topic, 0, metrics=metrics)
+        assert counter(metrics, "restores{kind=warm}") == 1 and counter(metrics, "restores{kind=cold}") == 1
+        assert store.get("sched_g0") == again  # the later owner's fence, not the stale one
+        assert store.get("sched_g1") == ClaimState("sched_g1")  # the tombstone applied
+        assert store.get("sched_g2") == mine[2]
+        store.close()
+    finally:
+        env.close()
+
+
 async def test_horizon_tombstones_old_outcomes_and_a_replay_runs_again_with_a_higher_fence(
         bootstrap: str, make_topic: Any, recording_scheduler: Any, tmp_path: Path) -> None:
     topic = await make_topic("h", partitions=1)

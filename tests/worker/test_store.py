@@ -5,6 +5,9 @@ The horizon and fence-floor rules both stores share are in tests/worker/test_cla
 from __future__ import annotations
 
 import gc
+import logging
+
+import pytest
 
 from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
 from streamsched.wire.claim import encode_claim
@@ -51,3 +54,29 @@ def test_a_tombstone_removes_both_forms_and_a_later_put_wins() -> None:
     state.put(claimed)
     state._decoded.clear()
     assert state.get("sched_a") == claimed
+
+
+def test_restore_progress_is_a_gauge_and_a_log_line_every_few_seconds(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from streamsched.metrics import Metrics
+    from streamsched.worker import store
+
+    now = [100.0]
+    monkeypatch.setattr(store.time, "monotonic", lambda: now[0])
+    caplog.set_level(logging.INFO, logger=store.__name__)
+    metrics = Metrics("s")
+    progress = store.Progress(metrics, "__streamsched.state.s", 3, 1000, 9000, "cold")
+    assert metrics.gauges["restore_remaining{partition=3}"] == 8000
+    progress.page(4096, 5096)
+    assert metrics.gauges["restore_remaining{partition=3}"] == 3904
+    assert not caplog.records  # less than 5 s in: no line yet
+    now[0] += 6
+    progress.page(3904, 9000)
+    assert metrics.gauges["restore_remaining{partition=3}"] == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "restoring __streamsched.state.s[3] (cold): offset 9000 of 9000 (100%), 8000 records in 6.0s"]
+    assert progress.done() == 6.0
+    assert metrics.counters["restores{kind=cold}"] == 1
+    assert metrics.counters["restore_records{partition=3}"] == 8000
+    assert caplog.records[-1].getMessage().startswith(
+        "restored __streamsched.state.s[3] (cold) from offset 1000")

@@ -146,8 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not create the state, dead-letter and delay topics (a role without CREATE; "
                         "an operator runs `topics apply --app`)")
     r.add_argument("--store-dir", default=None,
-                   help="keep claim state on disk here (RocksDB, one store per owned partition; a restart "
-                        "reads only the state topic's tail; env STREAMSCHED_STORE_DIR; default: in memory)")
+                   help="where claim state lives on disk (RocksDB, one store per owned partition, memory "
+                        "bounded; a restart reads only the state topic's tail); :memory: keeps it in memory "
+                        "(env STREAMSCHED_STORE_DIR; default $XDG_STATE_HOME/streamsched/stores, else "
+                        "~/.local/state/streamsched/stores)")
     r.add_argument("--outcome-horizon", default=None, type=_horizon, metavar="DURATION",
                    help="how long a resolved identity is remembered, e.g. 7d, 36h (1h..365d; env "
                         "STREAMSCHED_OUTCOME_HORIZON; default 7d); an event replayed later runs again")
