@@ -24,6 +24,7 @@ import fastavro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.ops.broker import LocalCluster
 from streamsched.schedules.catalog import Catalog
@@ -32,8 +33,6 @@ from streamsched.wire.avro_schema import parsed_schema
 
 
 async def main(bootstrap: str, schedules: int, seconds: float) -> dict[str, object]:
-    from aiokafka import AIOKafkaConsumer
-
     schema = parsed_schema("transition")
 
     catalog = Catalog(bootstrap, f"bench-{uuid.uuid4().hex[:6]}", partitions=4)
@@ -42,9 +41,7 @@ async def main(bootstrap: str, schedules: int, seconds: float) -> dict[str, obje
     await apply(bootstrap, [TopicSpec(target, 4)])
     await catalog.schedule_many([{"name": f"s{i:04d}", "spec": "@every 1s", "target": target}
                                  for i in range(schedules)])
-    consumer = AIOKafkaConsumer(target, bootstrap_servers=bootstrap, group_id=None,
-                                isolation_level="read_committed", auto_offset_reset="earliest",
-                                enable_auto_commit=False)
+    consumer = clients.consumer(bootstrap, target)  # read_committed, earliest, no group
     await consumer.start()
     ticker = Ticker(catalog, TickerConfig(bootstrap=bootstrap))
     stop = asyncio.Event()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.harness import (
     audit,
@@ -13,6 +12,7 @@ from consumers.harness import (
     seeded_workflow,
     unresolved_below_commit,
 )
+from streamsched.kafka import clients
 from streamsched.kafka.reads import group_lag
 from streamsched.model.claims import ClaimStatus
 from streamsched.testing import WorkerProcess, wait_drained, wait_for
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.shutdown]
 
 
 async def group_members(bootstrap: str, group: str) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = clients.admin(bootstrap)
     await admin.start()
     try:
         described = await admin.describe_consumer_groups([group])

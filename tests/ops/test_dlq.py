@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
+from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import group_lag, read_topic
 from streamsched.model.event import TransitionEvent
@@ -93,10 +94,7 @@ def event_entry(label: str, ev: TransitionEvent) -> Entry:
 async def send_in_order(bootstrap: str, topic: str, entries: list[Entry]) -> None:
     """Produce ``entries`` in list order (idempotent producer: per-partition order is kept) and
     record where each landed."""
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                linger_ms=5, max_request_size=TOPIC_MAX_BYTES)
+    producer = clients.producer(bootstrap, linger_ms=5, max_request_size=TOPIC_MAX_BYTES)
     await producer.start()
     try:
         futures = [await producer.send(topic, e.value, key=e.key) for e in entries]
@@ -263,8 +261,6 @@ async def test_garbage_stream_never_stalls_and_loses_nothing(bootstrap: str, uni
 
 
 async def test_list_and_replay_terminal_dead_letters(bootstrap: str, unique: Unique) -> None:
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.admin import AIOKafkaAdminClient
 
     topic = await big_topic(bootstrap, unique("replay"), 2)
     rng = random.Random(7)
@@ -285,7 +281,7 @@ async def test_list_and_replay_terminal_dead_letters(bootstrap: str, unique: Uni
         await wait_dead_letters(bootstrap, sched, 9)
         assert len(calls) == 20
         # One record in the DLQ that is not a DeadLetter at all.
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        producer = clients.producer(bootstrap)
         await producer.start()
         try:
             await producer.send_and_wait(dlq, b"\xa5\x07not a dead letter", partition=0)
@@ -322,7 +318,7 @@ async def test_list_and_replay_terminal_dead_letters(bootstrap: str, unique: Uni
         assert dry.skipped == {"decode": 4, "corrupt": 1}
         await asyncio.sleep(1.0)
         assert await end_offsets(bootstrap, topic) == source_end  # nothing produced
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        admin = clients.admin(bootstrap)
         await admin.start()
         try:
             offsets = await admin.list_consumer_group_offsets(replay_group(dlq))
