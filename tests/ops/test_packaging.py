@@ -94,6 +94,7 @@ def test_the_wheel_ships_schemas_and_py_typed_but_not_the_reference_consumers(wh
         names = set(zf.namelist())
         (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         meta = Parser().parsestr(zf.read(metadata).decode())
+        entry_points = zf.read(metadata.replace("METADATA", "entry_points.txt")).decode()
     schemas = {p.name for p in (ROOT / "schemas").glob("*.avsc")}
     assert len(schemas) >= 7
     prefix = "streamsched/_schemas/"
@@ -105,6 +106,11 @@ def test_the_wheel_ships_schemas_and_py_typed_but_not_the_reference_consumers(wh
     aiokafka = [r for r in meta.get_all("Requires-Dist") or [] if r.startswith("aiokafka")]
     assert len(aiokafka) == 1 and "==" not in aiokafka[0] and "<" in aiokafka[0], aiokafka
     assert all(c in aiokafka[0] for c in ("lz4", "snappy", "zstd"))  # compression support
+    # Installed, the pytest plugin and the Faust codec register themselves (no conftest needed).
+    sections = {line.strip("[]") for line in entry_points.splitlines() if line.startswith("[")}
+    assert {"console_scripts", "pytest11", "faust.codecs"} <= sections
+    assert "streamsched = streamsched.testing.plugin" in entry_points
+    assert "streamsched = streamsched.integrations.faust:transition_codec" in entry_points
 
 
 def test_the_installed_cli_emits_and_runs(venv: Path, bootstrap: str, tmp_path: Path,
