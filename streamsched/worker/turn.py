@@ -19,6 +19,10 @@ Two shapes, chosen by the scheduler's commands (``claim_first``):
   effect, so an external destination always receives a fence no other owner can reuse. One
   transaction per batch: batch k's release rides in batch k+1's claim transaction. At any
   committed point at most ``max_in_flight`` items of a partition are claimed and unresolved.
+  Claims stay per partition (no transaction covering several partitions' batches): a
+  transaction belongs to one producer, and the producer is the fence of exactly one partition
+  (aiokafka has no KIP-447), so sharing one would let a new owner of one partition fence the
+  owner of all the others, or leave a zombie's claims on them unfenced.
 * **Kafka-native** (every command is a :class:`~streamsched.worker.app.KafkaCommand`): the effect
   *is* the emitted events, which commit atomically with the outcome, the release and the offset,
   so nothing needs a claim committed before it runs. The claim is taken in memory (through the
