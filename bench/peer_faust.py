@@ -325,6 +325,8 @@ async def main(bootstrap: str, broker_pid: int | None, args: argparse.Namespace,
                 out[f"{k}_per_s"] = out.get(f"{k}_changelog_per_s")
                 out[f"{k}_per_s_range"] = out.get(f"{k}_changelog_per_s_range")
                 out[f"{k}_measured_by"] = "changelog writes" if out[f"{k}_per_s"] is not None else None
+                # CPU per item comes from the same committed-offset window, which has no width here.
+                out[f"{k}_cpu_ms_per_item"] = out[f"{k}_broker_cpu_ms_per_item"] = None
         for k in GUARANTEES:
             if out[f"{k}_per_s"] is not None:
                 out[f"ratio_streamsched_to_{k}"] = round(out["streamsched_per_s"] / out[f"{k}_per_s"], 3)
