@@ -130,21 +130,50 @@ def _topic_id_request(topics: list[str]) -> Any:
     return TopicIdRequest()
 
 
+IDENTITY_ATTEMPTS = 5
+"""Tries of the topic-id request before its identity counts as unknown (a transient error, a
+leader election, must not make a good local store look like another topic's)."""
+
+
+async def _identity(admin: Any, topic: str) -> tuple[str | None, str | None]:
+    """``(cluster_id, topic_id)`` of ``topic``; retried while the failure is transient."""
+    from aiokafka.errors import KafkaError, UnsupportedVersionError, for_code
+
+    delay = 0.1
+    for attempt in range(1, IDENTITY_ATTEMPTS + 1):
+        retriable: BaseException | None = None
+        try:
+            resp = await admin._send_request(_topic_id_request([topic]))
+            for error_code, name, raw_id, *_ in resp.topics:
+                if name != topic:
+                    continue
+                if error_code == 0 and raw_id != bytes(16):
+                    return resp.cluster_id or None, str(uuid.UUID(bytes=raw_id))
+                if error_code and for_code(error_code).retriable:
+                    retriable = for_code(error_code)()
+            if retriable is None:
+                return resp.cluster_id or None, None
+        except UnsupportedVersionError:
+            break  # a broker older than 2.8: no topic ids at all
+        except (KafkaError, OSError, TimeoutError) as exc:
+            retriable = exc
+        except Exception as exc:  # noqa: BLE001 - an answer we cannot read: unknown, offsets still checked
+            log.info("topic id of %s unreadable (%s); relying on offset checks", topic, type(exc).__name__)
+            return None, None
+        if attempt < IDENTITY_ATTEMPTS:
+            await asyncio.sleep(delay)
+            delay *= 2
+    log.info("topic id of %s unavailable (%s); relying on offset checks", topic,
+             type(retriable).__name__ if retriable is not None else "unsupported")
+    return None, None
+
+
 async def describe(conn: clients.Conn, topic: str) -> TopicIdentity:
     """The identity and tombstone retention of ``topic`` (unknown parts are None / the default)."""
     admin = clients.admin(conn)
     await admin.start()
     try:
-        cluster_id: str | None = None
-        topic_id: str | None = None
-        try:
-            resp = await admin._send_request(_topic_id_request([topic]))
-            cluster_id = resp.cluster_id or None
-            for error_code, name, raw_id, *_ in resp.topics:
-                if name == topic and error_code == 0 and raw_id != bytes(16):
-                    topic_id = str(uuid.UUID(bytes=raw_id))
-        except Exception as exc:  # noqa: BLE001 - an old broker: identity unknown, offsets still checked
-            log.info("topic id of %s unavailable (%s); relying on offset checks", topic, type(exc).__name__)
+        cluster_id, topic_id = await _identity(admin, topic)
         retention = (await describe_configs(admin, [topic])).get(topic, {}).get("delete.retention.ms")
         return TopicIdentity(cluster_id, topic_id,
                              int(retention) if retention is not None else DEFAULT_DELETE_RETENTION_MS)

@@ -420,7 +420,9 @@ async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: i
             if reason is None and checkpoint is not None:
                 kind, start = "warm", checkpoint[0]
             else:
-                log.info("claim store of %s[%d]: %s; restoring cold", topic, partition, reason)
+                # A store that exists but is not trusted costs a full restore: worth a warning.
+                log.log(logging.INFO if reason == "no local store" else logging.WARNING,
+                        "claim store of %s[%d]: %s; restoring cold", topic, partition, reason)
                 await store.in_thread(store.wipe, ident)
                 kind, start = "cold", bounds.begin
             progress = Progress(metrics, topic, partition, start, bounds.end, kind)

@@ -8,6 +8,7 @@ tombstones and the fence floor, for the disk store and the in-memory one alike.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,3 +303,44 @@ def test_an_unusable_store_directory_is_a_one_line_error_before_anything_runs(tm
     with pytest.raises(ConfigError, match=r"^cannot create the claim store directory .*a-file/stores") as err:
         worker_config_from_env("127.0.0.1:9092", store_dir=str(blocker / "stores"))
     assert "\n" not in str(err.value) and ":memory:" in str(err.value)
+
+
+async def test_a_transient_metadata_error_does_not_make_a_store_look_like_another_topics(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The topic id decides whether a local store is trusted: an answer lost to a leader election
+    # must be asked again, not read as "another incarnation" (a needless cold restore).
+    from types import SimpleNamespace
+
+    from aiokafka.errors import LeaderNotAvailableError, RequestTimedOutError
+
+    from streamsched.worker import changelog
+
+    monkeypatch.setattr(changelog.asyncio, "sleep", _no_sleep)
+    raw_id = bytes(range(1, 17))
+
+    def answer(code: int) -> SimpleNamespace:
+        return SimpleNamespace(cluster_id="c1", topics=[(code, "t", raw_id if code == 0 else bytes(16))])
+
+    class Admin:
+        def __init__(self, script: list[object]) -> None:
+            self.script, self.asked = script, 0
+
+        async def _send_request(self, _request: object) -> object:
+            self.asked += 1
+            step = self.script.pop(0)
+            if isinstance(step, BaseException):
+                raise step
+            return step
+
+    flaky = Admin([RequestTimedOutError(), answer(LeaderNotAvailableError.errno), answer(0)])
+    assert await changelog._identity(flaky, "t") == ("c1", str(uuid.UUID(bytes=raw_id)))
+    assert flaky.asked == 3
+    down = Admin([RequestTimedOutError()] * changelog.IDENTITY_ATTEMPTS)
+    assert await changelog._identity(down, "t") == (None, None)  # unknown: the store is wiped, safely
+    assert down.asked == changelog.IDENTITY_ATTEMPTS
+    missing = Admin([answer(17)])  # INVALID_TOPIC_EXCEPTION: not retriable, asked once
+    assert await changelog._identity(missing, "t") == ("c1", None) and missing.asked == 1
+
+
+async def _no_sleep(_seconds: float) -> None:
+    return None
