@@ -32,7 +32,9 @@ from streamsched.testing import WorkerProcess, wait_drained, wait_for  # noqa: E
 
 DATA = ROOT / ".streamsched" / "demo"
 ENV = {"STREAMSCHED_CLAIM_DURATION_S": "5", "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
-       "STREAMSCHED_HEARTBEAT_MS": "500"}
+       "STREAMSCHED_HEARTBEAT_MS": "500",
+       # Claims on disk, as `streamsched run` keeps them by default, beside the demo's broker.
+       "STREAMSCHED_STORE_DIR": str(DATA / "stores")}
 
 
 def cli(*args: str, bootstrap: str) -> str:

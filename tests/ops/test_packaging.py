@@ -119,7 +119,8 @@ def test_the_installed_cli_emits_and_runs(venv: Path, bootstrap: str, tmp_path: 
     cwd.mkdir()
     (cwd / "tinyapp.py").write_text(TINY_APP)
     topic, name, out = unique("pkg"), unique("pkg").replace("-", "_"), cwd / "out.txt"
-    env = clean_env(TINY_OUT=str(out), TINY_NAME=name, TINY_TOPIC=topic)
+    state_home = tmp_path / "state"  # `run` keeps claims on disk under $XDG_STATE_HOME by default
+    env = clean_env(TINY_OUT=str(out), TINY_NAME=name, TINY_TOPIC=topic, XDG_STATE_HOME=str(state_home))
     streamsched = str(venv / "streamsched")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -169,3 +170,6 @@ def test_the_installed_cli_emits_and_runs(venv: Path, bootstrap: str, tmp_path: 
             worker.wait(10)
         stderr = worker.stderr.read() if worker.stderr else ""
     assert "Traceback" not in stderr, stderr
+    stores = state_home / "streamsched" / "stores"
+    assert sorted(p.name for p in stores.iterdir()) == [f"__streamsched.state.{name}"]  # one per topic
+    assert sorted(p.name for p in (stores / f"__streamsched.state.{name}").iterdir()) == ["0", "1"]
