@@ -36,9 +36,10 @@ ENV PYTHONUNBUFFERED=1 \
     STREAMSCHED_STATUS_PORT=9464 \
     STREAMSCHED_LEDGER=/data/ledger.sqlite3 \
     STREAMSCHED_STORE_DIR=/var/lib/streamsched
-# Claim stores (RocksDB per owned partition): a cache of the state topic, so a volume here only
-# makes restarts warm; losing it costs a cold restore, never correctness.
-VOLUME ["/var/lib/streamsched"]
+# Claim stores (RocksDB per owned partition) live in /var/lib/streamsched: a cache of the state
+# topic, so mounting a volume there (`-v stores:/var/lib/streamsched`; k8s: an emptyDir) only
+# makes restarts warm; losing it costs a cold restore, never correctness. Not a VOLUME: one-shot
+# commands (emit, topics apply) would each leave an anonymous volume behind.
 EXPOSE 9464
 # Readiness of a worker or ticker: every assigned partition restored, owned and running.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \

@@ -17,9 +17,10 @@ Only that one error in that one aiokafka message is touched.
 ERROR for every bootstrap address it cannot reach, then raises; a command that cannot reach
 Kafka at all already reports that in one line of its own (exit 3, README "Exit codes"), so
 the ERROR lines in front of it only repeat it with a traceback-like prefix. Until a client of
-this process has connected once, those records are held (the addresses only, at most
-:data:`MAX_HELD`); when one connects, the held addresses are logged as one WARNING (a bootstrap
-list with a dead entry still deserves a word); after that every record passes as it is.
+this process has connected once, those records are held (address and error type only, at most
+:data:`MAX_HELD`), and the CLI's one line names them; when a client connects, they are logged
+as one WARNING (a bootstrap list with a dead entry still deserves a word); after that every
+record passes as it is. Only the CLI installs this filter, and not with ``STREAMSCHED_LOG=DEBUG``.
 """
 
 from __future__ import annotations
@@ -96,8 +97,16 @@ class BootstrapErrors(logging.Filter):
             if self._connected:
                 return True
             if len(args) >= 2 and len(self._held) < MAX_HELD:
-                self._held.append(f"{args[0]}:{args[1]}")
+                # The address and the kind of failure (refused, no such host, TLS...): no message
+                # text, which may quote more than we vouch for.
+                why = type(args[2]).__name__ if len(args) > 2 else "error"
+                self._held.append(f"{args[0]}:{args[1]} {why}")
         return False
+
+    def held(self) -> list[str]:
+        """The failures held so far, deduplicated (``host:port ErrorType``)."""
+        with self._lock:
+            return list(dict.fromkeys(self._held))
 
     def connected(self) -> None:
         """A client connected: say which addresses failed before, then let every record pass."""
@@ -126,13 +135,20 @@ def install() -> RetrySummary:
 
 
 def install_bootstrap() -> BootstrapErrors:
-    """Put the bootstrap filter on aiokafka's client logger, once per process."""
+    """Put the bootstrap filter on aiokafka's client logger, once per process. The CLI does
+    (its own one-line error reports the held failures, see :func:`held`); a library user's
+    logging is left alone."""
     global _bootstrap
     with _install_lock:
         if _bootstrap is None:
             _bootstrap = BootstrapErrors()
             logging.getLogger(CLIENT_LOGGER).addFilter(_bootstrap)
         return _bootstrap
+
+
+def held() -> list[str]:
+    """Bootstrap failures held (none if the filter is not installed or a client connected)."""
+    return _bootstrap.held() if _bootstrap is not None else []
 
 
 def connected() -> None:

@@ -243,7 +243,6 @@ register_transport_errors(_transport_errors)
 
 def connection(conn: Conn) -> Connection:
     """``conn`` as a :class:`Connection` (a bare string is the bootstrap list)."""
-    clientlog.install_bootstrap()  # every factory passes here: an unreachable cluster is one line
     return conn if isinstance(conn, Connection) else Connection(conn)
 
 

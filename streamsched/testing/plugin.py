@@ -183,10 +183,12 @@ def streamsched_worker(streamsched_bootstrap: str, streamsched_app: str, streams
     """``streamsched_worker()`` starts a worker of the user's app (a WorkerProcess); teardown
     stops every worker it started (SIGTERM, then SIGKILL). The workers of one test share a claim
     store directory in its ``tmp_path`` (so a restart after ``crash_at`` restores warm, as in
-    production), unless ``streamsched_env`` names another."""
+    production), unless ``STREAMSCHED_STORE_DIR`` is set or ``streamsched_env`` names another."""
     logs = tmp_path / "streamsched-workers"
     logs.mkdir(exist_ok=True)
-    env = {"STREAMSCHED_STORE_DIR": str(tmp_path / "streamsched-stores"), **streamsched_env}
+    # Unless the session chose one (e.g. STREAMSCHED_STORE_DIR=:memory: pytest) or the test does.
+    store = os.environ.get("STREAMSCHED_STORE_DIR") or str(tmp_path / "streamsched-stores")
+    env = {"STREAMSCHED_STORE_DIR": store, **streamsched_env}
     factory = WorkerFactory(streamsched_bootstrap, app=streamsched_app or None,
                             cwd=Path(request.config.rootpath), app_path=_app_path(request.config),
                             log_dir=logs, env=env)

@@ -8,7 +8,9 @@ this module answers three questions about a state topic:
   the same name gets a new topic id, and a different cluster has a different cluster id; either
   way the offsets a store remembers mean nothing there. aiokafka 0.14 speaks Metadata only up to
   v5 (no topic ids), so :class:`_TopicIdRequest` sends a flexible Metadata v10 itself (Kafka 2.8+;
-  against an older broker the identity is unknown and the offset checks below still apply);
+  against an older broker neither the store nor the cluster has a topic id and the offset checks
+  below decide). The request is asked again while it fails transiently; an id the cluster has
+  but cannot tell right now makes a local store untrusted (a cold restore, never a wrong one);
 * **delete.retention.ms**: how long the broker keeps a tombstone after compaction reached it.
   A store older than that may hold an identity whose tombstone the log no longer shows;
 * **bounds**: the first offset (low watermark) and the end (last stable offset, read_committed).
@@ -133,39 +135,48 @@ def _topic_id_request(topics: list[str]) -> Any:
 IDENTITY_ATTEMPTS = 5
 """Tries of the topic-id request before its identity counts as unknown (a transient error, a
 leader election, must not make a good local store look like another topic's)."""
+IDENTITY_TIMEOUT_S = 10.0
+"""All the tries together take at most this long (one request may otherwise wait 40 s)."""
 
 
 async def _identity(admin: Any, topic: str) -> tuple[str | None, str | None]:
-    """``(cluster_id, topic_id)`` of ``topic``; retried while the failure is transient."""
-    from aiokafka.errors import KafkaError, UnsupportedVersionError, for_code
+    """``(cluster_id, topic_id)`` of ``topic``, asked again while the failure is retriable.
 
+    An id that stays unknown is None: :meth:`ClaimStore.distrust` then does not trust a local
+    store (a cold restore: slower, never wrong)."""
+    from aiokafka.errors import KafkaError, for_code
+
+    cluster_id: str | None = None
+    why = "no answer"
     delay = 0.1
-    for attempt in range(1, IDENTITY_ATTEMPTS + 1):
-        retriable: BaseException | None = None
-        try:
-            resp = await admin._send_request(_topic_id_request([topic]))
-            for error_code, name, raw_id, *_ in resp.topics:
-                if name != topic:
-                    continue
-                if error_code == 0 and raw_id != bytes(16):
-                    return resp.cluster_id or None, str(uuid.UUID(bytes=raw_id))
-                if error_code and for_code(error_code).retriable:
-                    retriable = for_code(error_code)()
-            if retriable is None:
-                return resp.cluster_id or None, None
-        except UnsupportedVersionError:
-            break  # a broker older than 2.8: no topic ids at all
-        except (KafkaError, OSError, TimeoutError) as exc:
-            retriable = exc
-        except Exception as exc:  # noqa: BLE001 - an answer we cannot read: unknown, offsets still checked
-            log.info("topic id of %s unreadable (%s); relying on offset checks", topic, type(exc).__name__)
-            return None, None
-        if attempt < IDENTITY_ATTEMPTS:
-            await asyncio.sleep(delay)
-            delay *= 2
-    log.info("topic id of %s unavailable (%s); relying on offset checks", topic,
-             type(retriable).__name__ if retriable is not None else "unsupported")
-    return None, None
+    try:
+        async with asyncio.timeout(IDENTITY_TIMEOUT_S):
+            for attempt in range(1, IDENTITY_ATTEMPTS + 1):
+                retry = False
+                try:
+                    resp = await admin._send_request(_topic_id_request([topic]))
+                    cluster_id = resp.cluster_id or cluster_id
+                    codes = [(code, raw) for code, name, raw, *_ in resp.topics if name == topic]
+                    for code, raw in codes:
+                        if code == 0 and raw != bytes(16):
+                            return cluster_id, str(uuid.UUID(bytes=raw))
+                    errors = [for_code(code) for code, _ in codes if code]
+                    retry = any(e.retriable for e in errors)
+                    why = errors[0].__name__ if errors else "no topic id"
+                except KafkaError as exc:  # UnsupportedVersion (a broker before 2.8) is not retriable
+                    retry, why = bool(getattr(exc, "retriable", False)), type(exc).__name__
+                except (OSError, TimeoutError) as exc:
+                    retry, why = True, type(exc).__name__
+                except Exception as exc:  # noqa: BLE001 - an answer we cannot read: unknown
+                    why = type(exc).__name__
+                if not retry or attempt == IDENTITY_ATTEMPTS:
+                    break
+                await asyncio.sleep(delay)
+                delay *= 2
+    except TimeoutError:
+        why = f"no answer within {IDENTITY_TIMEOUT_S:.0f} s"
+    log.info("topic id of %s unavailable (%s): a local store of it is not trusted", topic, why)
+    return cluster_id, None
 
 
 async def describe(conn: clients.Conn, topic: str) -> TopicIdentity:

@@ -118,6 +118,9 @@ class ClaimStore(StateBase):
         import rocksdict
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.env.sweep_copies(self.path):
+            log.info("claim store of %s[%d]: removed private copies a killed process left",
+                     self.topic, self.partition)
         self.bulk = bulk
         try:
             self._db = self._rdict(bulk)
@@ -131,6 +134,7 @@ class ClaimStore(StateBase):
             self.path = self.path.with_name(f"{self.path.name}.{uuid.uuid4().hex[:8]}")
             self.ephemeral = True
             self._db = self._rdict(bulk)
+        self.env.in_use.add(self.path)  # never swept while this process has it open
         if bulk:
             # No WAL while bulk loading: a crash loses the memtables, which leaves a prefix of the
             # pages (one column family flushes in order), each with its checkpoint. Everything is
@@ -177,10 +181,11 @@ class ClaimStore(StateBase):
             return "no local store"
         if [head.get(k) for k in ("format", "topic", "partition")] != [FORMAT, self.topic, self.partition]:
             return "a store of another format or partition"
-        if head.get("cluster_id") != ident.cluster_id:
-            return "a store of another cluster"
-        if head.get("topic_id") != ident.topic_id:
-            return "a store of another incarnation of the topic"
+        for key, known, other in (("cluster_id", ident.cluster_id, "another cluster"),
+                                  ("topic_id", ident.topic_id, "another incarnation of the topic")):
+            if head.get(key) != known:
+                return (f"the state topic's {key} could not be read" if known is None
+                        else f"a store of {other}")
         cp = self.read_checkpoint()
         if cp is None:
             return "a store without a checkpoint"
@@ -226,6 +231,7 @@ class ClaimStore(StateBase):
         finally:
             self._db.close()
             self._db = None
+            self.env.in_use.discard(self.path)
             if self.ephemeral:
                 shutil.rmtree(self.path, ignore_errors=True)
 

@@ -464,6 +464,8 @@ def worker_config_from_env(bootstrap: clients.Conn | None = None, *, default_sto
                            ("outcome_horizon_s", "STREAMSCHED_OUTCOME_HORIZON", parse_duration)):
         if env in os.environ and key not in overrides:
             overrides[key] = kind(os.environ[env])
+    if not overrides.get("store_dir", True):
+        del overrides["store_dir"]  # STREAMSCHED_STORE_DIR= (empty) means unset, not "here"
     if default_store and "store_dir" not in overrides:
         overrides["store_dir"] = str(default_store_dir())
     store_dir = overrides.get("store_dir")

@@ -31,7 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,8 @@ class StoreEnv:
         self.memtable_bytes = memtable_bytes
         self._shared: tuple[Any, Any] | None = None
         self._asking: dict[str, asyncio.Future[TopicIdentity]] = {}
+        self.in_use: set[Path] = set()
+        """Store directories this process has open (RocksDB's lock does not tell its own)."""
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="claimstore")
 
     def options(self, *, bulk: bool = False) -> Any:
@@ -88,6 +93,20 @@ class StoreEnv:
     def path(self, topic: str, partition: int) -> Path:
         return self.directory / topic / str(partition)
 
+    def sweep_copies(self, path: Path) -> int:
+        """Remove private copies of ``path``'s store (``<partition>.<8 hex>``, made when the store
+        was held by another process) that a killed process left behind: those no process has
+        open any more. Returns how many were removed."""
+        if not path.parent.is_dir():
+            return 0
+        removed = 0
+        for candidate in path.parent.iterdir():
+            if (_COPY.fullmatch(candidate.name) and candidate.name.split(".")[0] == path.name
+                    and candidate not in self.in_use and not _locked(candidate)):
+                shutil.rmtree(candidate, ignore_errors=True)
+                removed += 1
+        return removed
+
     async def identity(self, conn: clients.Conn, topic: str) -> TopicIdentity:
         """The topic's identity, asked afresh by every restore; restores running at the same
         time (a worker's partitions after an assignment) share one request. Never cached
@@ -100,6 +119,28 @@ class StoreEnv:
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
+
+
+_COPY = re.compile(r"\d+\.[0-9a-f]{8}")
+
+
+def _locked(store: Path) -> bool:
+    """Whether another process holds ``store``'s RocksDB lock (an fcntl lock on its LOCK file)."""
+    try:
+        fd = os.open(store / "LOCK", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # cannot tell: leave it
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 MEMORY = ":memory:"

@@ -121,25 +121,36 @@ def test_bootstrap_errors_are_held_until_a_client_connects_then_said_once(
     caplog.set_level(logging.WARNING, logger=clientlog.__name__)
     assert not held.filter(_bootstrap_record("10.0.0.1", 9092))
     assert not held.filter(_bootstrap_record("10.0.0.1", 9092))
+    assert held.held() == ["10.0.0.1:9092 ConnectionRefusedError"]  # what the CLI's one-line error names
     other = logging.LogRecord(clientlog.CLIENT_LOGGER, logging.ERROR, __file__, 1,
                               "Unable connect to node with id %s: %s", (1, "x"), None)
     assert held.filter(other)  # only the bootstrap message is held
     assert not caplog.records
     held.connected()
     held.connected()
+    assert held.held() == []  # said once connected, then forgotten
     assert [r.getMessage() for r in caplog.records] == [
-        "bootstrap address(es) unreachable before a client connected: 10.0.0.1:9092"]
+        "bootstrap address(es) unreachable before a client connected: 10.0.0.1:9092 ConnectionRefusedError"]
     assert held.filter(_bootstrap_record("10.0.0.2", 9092))  # after a connection: as it is
 
 
-async def test_every_client_factory_installs_the_bootstrap_filter_once(
+def test_only_the_cli_installs_the_bootstrap_filter_and_not_for_debug(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamsched.ops import cli
+
     logger = logging.getLogger(clientlog.CLIENT_LOGGER)
-    monkeypatch.setattr(logger, "filters", [f for f in logger.filters
-                                            if not isinstance(f, clientlog.BootstrapErrors)])
+
+    def ours() -> list[logging.Filter]:
+        return [f for f in logger.filters if isinstance(f, clientlog.BootstrapErrors)]
+
+    monkeypatch.setattr(logger, "filters", [f for f in logger.filters if f not in ours()])
     monkeypatch.setattr(clientlog, "_bootstrap", None)
-    clients.consumer("127.0.0.1:9")
-    clients.producer("127.0.0.1:9")
-    clients.admin("127.0.0.1:9")
-    installed = [f for f in logger.filters if isinstance(f, clientlog.BootstrapErrors)]
-    assert len(installed) == 1 and installed[0] is clientlog._bootstrap
+    clients.connection("127.0.0.1:9")  # a library user's client: their logging is left alone
+    assert ours() == []
+    plan = ["acl", "plan", "--app", "consumers.pipelines:app", "--format", "json"]  # no Kafka needed
+    monkeypatch.setenv("STREAMSCHED_LOG", "DEBUG")
+    assert cli.main(plan) == 0
+    assert ours() == []  # debugging: every aiokafka record as it is
+    monkeypatch.setenv("STREAMSCHED_LOG", "WARNING")
+    assert cli.main(plan) == 0 and cli.main(plan) == 0
+    assert len(ours()) == 1 and ours()[0] is clientlog._bootstrap

@@ -127,13 +127,16 @@ def test_run_against_an_unreachable_cluster_is_one_line_exit_3(tmp_path: Path) -
     (tmp_path / "tinyapp.py").write_text(TINY_APP)
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSCHED_")}
     env["PYTHONPATH"] = str(ROOT)
+    port = free_port()
     proc = subprocess.run([sys.executable, "-m", "streamsched", "run", "tinyapp:app",
-                           "--bootstrap", f"127.0.0.1:{free_port()}"],
+                           "--bootstrap", f"127.0.0.1:{port}"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr
     assert "Traceback" not in proc.stderr and "ExceptionGroup" not in proc.stderr
-    # One line: aiokafka's own per-address ERROR lines are held (kafka/clientlog.py).
-    assert proc.stderr == "streamsched: Kafka is unreachable or refused the request (KafkaConnectionError)\n"
+    # One line: aiokafka's own per-address ERROR lines are held (kafka/clientlog.py), and the
+    # line names the address it could not reach and how.
+    assert proc.stderr == (f"streamsched: Kafka is unreachable or refused the request (KafkaConnectionError; "
+                           f"127.0.0.1:{port} ConnectionRefusedError)\n")
 
 
 def test_exception_groups_are_unwrapped_to_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -168,3 +171,18 @@ def test_run_help_names_every_variable_the_worker_reads(capsys: pytest.CaptureFi
         cli.main(["run", "--help"])
     shown = capsys.readouterr().out
     assert sorted(v for v in read if v not in shown) == []
+
+
+def test_a_ticker_ignores_the_workers_claim_store_directory(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    # The image sets STREAMSCHED_STORE_DIR for workers; a ticker's pod may have no such directory
+    # (or a read-only root): the ticker keeps no claim store and must not check it.
+    from streamsched.ops.cli.events import ticker_config
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("STREAMSCHED_STORE_DIR", str(blocker / "stores"))
+    monkeypatch.setenv("STREAMSCHED_SESSION_TIMEOUT_MS", "7000")
+    config = ticker_config("127.0.0.1:9092")
+    assert config.session_timeout_ms == 7000
+    assert not (blocker.parent / "stores").exists()

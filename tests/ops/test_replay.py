@@ -9,6 +9,7 @@ reset must agree with.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import re
@@ -83,7 +84,9 @@ def test_progress_draws_a_bar_on_long_ranges_only(capsys: pytest.CaptureFixture[
     quiet.update(4)
     quiet.close()
     assert capsys.readouterr().err == ""
-    assert Progress(LONG_RANGE).enabled
+    long = Progress(LONG_RANGE, stream=io.StringIO())
+    assert long.enabled
+    long.close()
 
 
 # --- helpers -----------------------------------------------------------------------------------------

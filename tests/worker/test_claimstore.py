@@ -293,6 +293,8 @@ def test_run_keeps_claims_on_disk_by_default_and_memory_only_when_asked(
     assert worker_config_from_env("127.0.0.1:9092", default_store=True).store_dir is None
     monkeypatch.setenv("STREAMSCHED_STORE_DIR", str(tmp_path / "mine"))
     assert worker_config_from_env("127.0.0.1:9092", default_store=True).store_dir == str(tmp_path / "mine")
+    monkeypatch.setenv("STREAMSCHED_STORE_DIR", "")  # empty: unset, not the working directory
+    assert worker_config_from_env("127.0.0.1:9092", default_store=True).store_dir == config.store_dir
 
 
 def test_an_unusable_store_directory_is_a_one_line_error_before_anything_runs(tmp_path: Path) -> None:
@@ -311,9 +313,10 @@ async def test_a_transient_metadata_error_does_not_make_a_store_look_like_anothe
     # must be asked again, not read as "another incarnation" (a needless cold restore).
     from types import SimpleNamespace
 
-    from aiokafka.errors import LeaderNotAvailableError, RequestTimedOutError
+    from aiokafka.errors import LeaderNotAvailableError, RequestTimedOutError, UnsupportedVersionError
 
     from streamsched.worker import changelog
+    from streamsched.worker.claimstore import FORMAT
 
     monkeypatch.setattr(changelog.asyncio, "sleep", _no_sleep)
     raw_id = bytes(range(1, 17))
@@ -335,12 +338,59 @@ async def test_a_transient_metadata_error_does_not_make_a_store_look_like_anothe
     flaky = Admin([RequestTimedOutError(), answer(LeaderNotAvailableError.errno), answer(0)])
     assert await changelog._identity(flaky, "t") == ("c1", str(uuid.UUID(bytes=raw_id)))
     assert flaky.asked == 3
-    down = Admin([RequestTimedOutError()] * changelog.IDENTITY_ATTEMPTS)
-    assert await changelog._identity(down, "t") == (None, None)  # unknown: the store is wiped, safely
-    assert down.asked == changelog.IDENTITY_ATTEMPTS
+    busy = Admin([answer(LeaderNotAvailableError.errno)] * changelog.IDENTITY_ATTEMPTS)
+    assert await changelog._identity(busy, "t") == ("c1", None)  # the cluster id it did get is kept
+    assert busy.asked == changelog.IDENTITY_ATTEMPTS
     missing = Admin([answer(17)])  # INVALID_TOPIC_EXCEPTION: not retriable, asked once
     assert await changelog._identity(missing, "t") == ("c1", None) and missing.asked == 1
+    old_broker = Admin([UnsupportedVersionError()])  # no topic ids there: not asked again
+    assert await changelog._identity(old_broker, "t") == (None, None) and old_broker.asked == 1
+
+    # A store whose topic id is known, while the cluster cannot tell it now: not trusted, and
+    # the reason says so (not "another incarnation").
+    head = {"format": FORMAT, "topic": "t", "partition": 0, "cluster_id": "c1", "topic_id": "x"}
+    store = ClaimStore.__new__(ClaimStore)
+    store.topic, store.partition = "t", 0
+    monkeypatch.setattr(store, "header", lambda: head, raising=False)
+    assert store.distrust(TopicIdentity("c1", None), Bounds(0, 10), 0) == (
+        "the state topic's topic_id could not be read")
+    assert store.distrust(TopicIdentity("c2", "x"), Bounds(0, 10), 0) == "a store of another cluster"
 
 
 async def _no_sleep(_seconds: float) -> None:
     return None
+
+
+async def test_private_copies_a_killed_process_left_are_removed_and_live_ones_kept(env: StoreEnv) -> None:
+    import subprocess
+    import sys
+
+    import rocksdict
+
+    first = await restored(env, [rec(resolved("sched_a", 1, NOW))])
+    live = ClaimStore(env, "state.t", 0)  # this process's own private copy, open
+    await live.in_thread(live.open_existing)
+    assert live.ephemeral
+    dead = first.path.with_name("0.deadbeef")  # left by a process that was killed
+    rocksdict.Rdict(str(dead)).close()
+    held = first.path.with_name("0.0badcafe")  # open in another, live process
+    hold = ("import rocksdict, sys; d = rocksdict.Rdict(sys.argv[1]); print('open', flush=True); "
+            "sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(held)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        other = first.path.with_name("1.deadbeef")  # another partition's: not this store's business
+        other.mkdir()
+        first.close()
+        again = ClaimStore(env, "state.t", 0)
+        assert await again.in_thread(again.open_existing)
+        assert not again.ephemeral
+        assert not dead.exists() and held.exists() and live.path.exists() and other.exists()
+        again.close()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(30)
+    live.close()
+    assert not live.path.exists()

@@ -9,9 +9,11 @@ Layout: :mod:`.common` (connection, app loader, signals, status server, failure 
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
+from streamsched.kafka import clientlog
 from streamsched.ops.cli.commands import (
     cmd_acl,
     cmd_broker,
@@ -41,6 +43,9 @@ __all__ = ["DEFAULT_DATA_DIR", "EXIT_CODES", "build_parser", "cmd_acl", "cmd_bro
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if os.environ.get("STREAMSCHED_LOG", "").upper() != "DEBUG":
+        # aiokafka's per-address bootstrap ERRORs: held, and named in our one-line error instead.
+        clientlog.install_bootstrap()
     if args.fn is cmd_dlq and not (args.scheduler or args.topic):
         print("streamsched: dlq needs a scheduler name or --topic", file=sys.stderr)
         return 2

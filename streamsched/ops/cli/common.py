@@ -172,7 +172,11 @@ def report_failure(exc: Exception) -> int:
     unreachable = KafkaError | ConnectionError | TimeoutError | socket.gaierror
     kafka = [e for e in leaves if isinstance(e, unreachable)]
     if kafka:
-        print(f"streamsched: Kafka is unreachable or refused the request ({type(kafka[0]).__name__})",
+        from streamsched.kafka import clientlog
+
+        failed = clientlog.held()[:3]  # the bootstrap addresses aiokafka could not reach, and why
+        where = f"; {', '.join(failed)}" if failed else ""
+        print(f"streamsched: Kafka is unreachable or refused the request ({type(kafka[0]).__name__}{where})",
               file=sys.stderr)
         return 3
     files = [e for e in leaves if isinstance(e, OSError)]

@@ -120,14 +120,23 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
-def _run_ticker(catalog: Any, args: argparse.Namespace) -> int:
-    from streamsched.schedules.ticker import Ticker, TickerConfig
+def ticker_config(bootstrap: Any) -> Any:
+    """The ticker's group settings from the same ``STREAMSCHED_*`` variables as a worker's. A
+    ticker keeps no claim store: the image's ``STREAMSCHED_STORE_DIR`` (absent or read-only in a
+    ticker's pod) is never looked at."""
+    from streamsched.schedules.ticker import TickerConfig
     from streamsched.worker.intake import worker_config_from_env
+    from streamsched.worker.rocksenv import MEMORY
 
-    wc = worker_config_from_env(catalog.bootstrap)
-    config = TickerConfig(bootstrap=catalog.bootstrap, owner=wc.owner,
-                          session_timeout_ms=wc.session_timeout_ms,
-                          heartbeat_interval_ms=wc.heartbeat_interval_ms)
+    wc = worker_config_from_env(bootstrap, store_dir=MEMORY)
+    return TickerConfig(bootstrap=bootstrap, owner=wc.owner, session_timeout_ms=wc.session_timeout_ms,
+                        heartbeat_interval_ms=wc.heartbeat_interval_ms)
+
+
+def _run_ticker(catalog: Any, args: argparse.Namespace) -> int:
+    from streamsched.schedules.ticker import Ticker
+
+    config = ticker_config(catalog.bootstrap)
 
     async def main() -> None:
         stop = stop_on_signals()
