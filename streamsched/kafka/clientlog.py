@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 SENDER_LOGGER = "aiokafka.producer.sender"
 CLIENT_LOGGER = "aiokafka"
@@ -119,39 +120,47 @@ class BootstrapErrors(logging.Filter):
                         ", ".join(dict.fromkeys(held)))
 
 
-_installed: RetrySummary | None = None
-_bootstrap: BootstrapErrors | None = None
+_filters: dict[str, logging.Filter] = {}
+"""The filter installed on each aiokafka logger, by logger name (one per process)."""
 _install_lock = threading.Lock()
+
+_F = TypeVar("_F", bound=logging.Filter)
+
+
+def _install(logger: str, make: Callable[[], _F]) -> _F:
+    with _install_lock:
+        installed = _filters.get(logger)
+        if installed is None:
+            installed = _filters[logger] = make()
+            logging.getLogger(logger).addFilter(installed)
+        return installed  # type: ignore[return-value]  # the one ``make`` built for this logger
 
 
 def install() -> RetrySummary:
     """Put the summary filter on aiokafka's sender logger, once per process."""
-    global _installed
-    with _install_lock:
-        if _installed is None:
-            _installed = RetrySummary()
-            logging.getLogger(SENDER_LOGGER).addFilter(_installed)
-        return _installed
+    return _install(SENDER_LOGGER, RetrySummary)
 
 
 def install_bootstrap() -> BootstrapErrors:
     """Put the bootstrap filter on aiokafka's client logger, once per process. The CLI does
     (its own one-line error reports the held failures, see :func:`held`); a library user's
     logging is left alone."""
-    global _bootstrap
-    with _install_lock:
-        if _bootstrap is None:
-            _bootstrap = BootstrapErrors()
-            logging.getLogger(CLIENT_LOGGER).addFilter(_bootstrap)
-        return _bootstrap
+    return _install(CLIENT_LOGGER, BootstrapErrors)
+
+
+def _bootstrap() -> BootstrapErrors | None:
+    installed = _filters.get(CLIENT_LOGGER)
+    return installed if isinstance(installed, BootstrapErrors) else None
 
 
 def held() -> list[str]:
     """Bootstrap failures held (none if the filter is not installed or a client connected)."""
-    return _bootstrap.held() if _bootstrap is not None else []
+    bootstrap = _bootstrap()
+    return bootstrap.held() if bootstrap is not None else []
 
 
 def connected() -> None:
     """Called once a client started: held bootstrap errors become one warning."""
-    if _bootstrap is not None:
-        _bootstrap.connected()
+    bootstrap = _bootstrap()
+    if bootstrap is not None:
+        bootstrap.connected()

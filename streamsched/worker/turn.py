@@ -23,28 +23,28 @@ Two shapes, chosen by the scheduler's commands (``claim_first``):
   transaction belongs to one producer, and the producer is the fence of exactly one partition
   (aiokafka has no KIP-447), so sharing one would let a new owner of one partition fence the
   owner of all the others, or leave a zombie's claims on them unfenced.
-* **Kafka-native** (every command is a :class:`~streamsched.worker.app.KafkaCommand`): the effect
-  *is* the emitted events, which commit atomically with the outcome, the release and the offset,
-  so nothing needs a claim committed before it runs. The claim is taken in memory (through the
-  same state machine, fence+1 and ordinal+1), the batch executes and resolves, and ONE snapshot
-  per item (RELEASED, with its outcome) goes into a transaction assembled in memory. Several
-  batches of at most ``max_in_flight`` items (executed one batch at a time: the in-flight bound
-  is unchanged) share that transaction, committed when ``commit_interval_s`` has passed since
-  its first batch (like Kafka Streams' exactly-once commit interval), when it grows past
-  :data:`TXN_MAX_RECORDS`/:data:`TXN_MAX_BYTES`, or as soon as the partition has nothing more in
-  hand (so latency is paid only under load). Its consumed offsets ride along only every
+* **Kafka-native** (every command is a :class:`~streamsched.worker.app.KafkaCommand`): the
+  effect *is* the emitted events, which commit atomically with the outcome, the release and the
+  offset, so nothing needs a claim committed before it runs. The claim is taken in memory
+  (through the same state machine, fence+1 and ordinal+1), the batch executes and resolves, and
+  ONE snapshot per item (RELEASED, with its outcome) goes into a transaction assembled in
+  memory. Several batches of at most ``max_in_flight`` items (executed one batch at a time: the
+  in-flight bound is unchanged) share that transaction, committed when ``commit_interval_s`` has
+  passed since its first batch (like Kafka Streams' exactly-once commit interval), when it grows
+  past :data:`TXN_MAX_RECORDS`/:data:`TXN_MAX_BYTES`, or as soon as the partition has nothing
+  more in hand (so latency is paid only under load). Its consumed offsets ride along only every
   ``commit_interval_s`` (and always when it holds a dead letter, a forwarded or a parked record,
   and when the partition drains): a committed offset may lag resolved work, never lead it, and a
   record re-read after a crash finds its identity's outcome stored and is skipped. Two of a
-  transaction's four round trips are the offsets' (AddOffsetsToTxn, TxnOffsetCommit); leaving
-  them out of most transactions at half load measured p50/p99 61-78/148-239 ms instead of
-  87-121/209-286 (bench/turns.py latency runs, alternated). The transaction is begun and written only at that
-  commit: it is never open while a handler runs, so a slow handler cannot outlive the
-  producer's transaction timeout. A crash before the commit loses the whole transaction and
-  nothing of it was ever visible (read_committed); the next owner re-reads the records from the
-  committed offset and runs them again. A fence minted in the lost transaction may then be
-  minted again: nothing ever carried it outside that transaction (a Kafka-native command has no
-  external effect), and every committed snapshot still shows fences increasing per identity.
+  transaction's four round trips are the offsets' (AddOffsetsToTxn, TxnOffsetCommit): leaving
+  them out of most transactions cut half-load latency (README, Benchmarks). The transaction is
+  begun and written only at that commit: it is never open while a handler runs, so a slow
+  handler cannot outlive the producer's transaction timeout. A crash before the commit loses the
+  whole transaction and nothing of it was ever visible (read_committed); the next owner re-reads
+  the records from the committed offset and runs them again. A fence minted in the lost
+  transaction may then be minted again: nothing ever carried it outside that transaction (a
+  Kafka-native command has no external effect), and every committed snapshot still shows fences
+  increasing per identity.
 
   Delivery counting. A Kafka-native claim that never commits is not counted, so a handler that
   kills its worker would crash-loop forever. Hence the first batch after every (re)start that
@@ -80,16 +80,12 @@ Metrics: ``turn_seconds`` is observed once per BATCH (from its selection to the 
 resolved it), not once per item: every item of a batch resolves at the same commit, so the
 per-item histogram only repeated the same value ``len(batch)`` times.
 
-Size: about 600 lines (a fifth of them this docstring), because both transaction shapes and
-the guards act on one batch; step 1 lives in :mod:`streamsched.worker.selection`, the extra
-records in :mod:`streamsched.worker.records`, handler execution in
-:mod:`streamsched.worker.execute`.
-
 Why one module above ~400 lines: both transaction shapes share the select/resolve/execute
 steps and the exact order of writes inside a transaction; split apart, the invariants that
 make a crash at any failpoint safe (claim before effect, offset after state) would be spread
-over files that each look correct alone. Everything that is not the turn's ordering lives in
-the modules named above.
+over files that each look correct alone. What is not the turn's ordering lives elsewhere: step
+1 in :mod:`streamsched.worker.selection`, the extra records in :mod:`streamsched.worker.records`,
+handler execution in :mod:`streamsched.worker.execute`.
 """
 
 from __future__ import annotations

@@ -103,11 +103,11 @@ async def test_a_transactional_producer_installs_the_summary_on_aiokafkas_sender
     logger = logging.getLogger(clientlog.SENDER_LOGGER)
     others = [f for f in logger.filters if not isinstance(f, clientlog.RetrySummary)]
     monkeypatch.setattr(logger, "filters", others)
-    monkeypatch.setattr(clientlog, "_installed", None)
+    monkeypatch.setattr(clientlog, "_filters", {})
     clients.transactional_producer("127.0.0.1:9", "t-id")  # built, never started
     clients.transactional_producer("127.0.0.1:9", "t-id-2")
     installed = [f for f in logger.filters if isinstance(f, clientlog.RetrySummary)]
-    assert len(installed) == 1 and installed[0] is clientlog._installed
+    assert len(installed) == 1 and installed[0] is clientlog._filters[clientlog.SENDER_LOGGER]
 
 
 def _bootstrap_record(host: str, port: int) -> logging.LogRecord:
@@ -144,7 +144,7 @@ def test_only_the_cli_installs_the_bootstrap_filter_and_not_for_debug(
         return [f for f in logger.filters if isinstance(f, clientlog.BootstrapErrors)]
 
     monkeypatch.setattr(logger, "filters", [f for f in logger.filters if f not in ours()])
-    monkeypatch.setattr(clientlog, "_bootstrap", None)
+    monkeypatch.setattr(clientlog, "_filters", {})
     clients.connection("127.0.0.1:9")  # a library user's client: their logging is left alone
     assert ours() == []
     plan = ["acl", "plan", "--app", "consumers.pipelines:app", "--format", "json"]  # no Kafka needed
@@ -153,4 +153,4 @@ def test_only_the_cli_installs_the_bootstrap_filter_and_not_for_debug(
     assert ours() == []  # debugging: every aiokafka record as it is
     monkeypatch.setenv("STREAMSCHED_LOG", "WARNING")
     assert cli.main(plan) == 0 and cli.main(plan) == 0
-    assert len(ours()) == 1 and ours()[0] is clientlog._bootstrap
+    assert len(ours()) == 1 and ours()[0] is clientlog._filters[clientlog.CLIENT_LOGGER]
