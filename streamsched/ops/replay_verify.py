@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from tqdm import tqdm
 
@@ -104,25 +104,14 @@ class VerifyReport:
         }
 
 
-class Progress:
-    """Records read so far, as a tqdm bar on ``stream`` (stderr), shown on long ranges only."""
-
-    def __init__(self, total: int, *, enabled: bool | None = None, stream: TextIO | None = None,
-                 what: str = "replay verify") -> None:
-        self.total, self.done = total, 0
-        self.enabled = total >= LONG_RANGE if enabled is None else enabled
-        self._bar = (tqdm(total=total, unit="rec", desc=what, file=stream or sys.stderr,
-                          mininterval=PROGRESS_EVERY_S if not (stream or sys.stderr).isatty() else 0.1)
-                     if self.enabled else None)
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self._bar is not None:
-            self._bar.update(n)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+def progress_bar(total: int, *, enabled: bool | None = None, stream: TextIO | None = None,
+                 what: str = "replay verify") -> tqdm[NoReturn]:
+    """A tqdm bar of records read on ``stream`` (stderr), shown on long ranges only (disabled, its
+    ``update`` and ``close`` do nothing)."""
+    out = stream or sys.stderr
+    return tqdm(total=total, unit="rec", desc=what, file=out,
+                disable=not (total >= LONG_RANGE if enabled is None else enabled),
+                mininterval=0.1 if out.isatty() else PROGRESS_EVERY_S)
 
 
 async def verify(bootstrap: clients.Conn, scheduler: SchedulerDef, target: Target, *,
@@ -152,7 +141,7 @@ async def verify(bootstrap: clients.Conn, scheduler: SchedulerDef, target: Targe
         return states[p]
 
     cutoff_ns = time.time_ns() - int(horizon_s * 1e9)
-    meter = Progress(sum(p.records for p in plan.partitions), enabled=progress, stream=stream)
+    meter = progress_bar(sum(p.records for p in plan.partitions), enabled=progress, stream=stream)
     try:
         async for rec in _records(bootstrap, scheduler.topic, start, end, meter):
             await _account(report, scheduler, rec, plan.topic_partitions, state_of, cutoff_ns)
@@ -199,7 +188,7 @@ async def _account(report: VerifyReport, s: SchedulerDef, rec: Any, partitions: 
 
 
 async def _records(bootstrap: clients.Conn, topic: str, start: dict[int, int], end: dict[int, int],
-                   meter: Progress, *, timeout_s: float = 600.0) -> AsyncIterator[Any]:
+                   meter: tqdm[NoReturn], *, timeout_s: float = 600.0) -> AsyncIterator[Any]:
     """Records of ``topic`` from ``start`` to ``end`` per partition (read_committed, no group)."""
     from aiokafka import TopicPartition
 

@@ -38,7 +38,7 @@ from streamsched.ops.replay import (
     parse_time,
     plan_reset,
 )
-from streamsched.ops.replay_verify import LONG_RANGE, IdentityReplay, Progress
+from streamsched.ops.replay_verify import LONG_RANGE, IdentityReplay, progress_bar
 from streamsched.testing import WorkerProcess, make_event, wait_drained, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,17 +75,17 @@ def test_an_outcome_past_the_horizon_counts_as_a_new_effect() -> None:
 
 
 def test_progress_draws_a_bar_on_long_ranges_only(capsys: pytest.CaptureFixture[str]) -> None:
-    meter = Progress(4, enabled=True)
+    meter = progress_bar(4, enabled=True)
     meter.update(4)
     meter.close()
     err = capsys.readouterr().err
     assert "replay verify" in err and "4/4" in err and "100%" in err
-    quiet = Progress(4)  # a short range: no progress by default
+    quiet = progress_bar(4)  # a short range: no progress by default
     quiet.update(4)
     quiet.close()
     assert capsys.readouterr().err == ""
-    long = Progress(LONG_RANGE, stream=io.StringIO())
-    assert long.enabled
+    long = progress_bar(LONG_RANGE, stream=io.StringIO())
+    assert not long.disable
     long.close()
 
 
