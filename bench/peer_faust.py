@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import signal
@@ -64,10 +63,12 @@ sys.path.insert(0, str(ROOT))
 from bench.turns import (  # noqa: E402
     PARTITIONS,
     POLL_S,
+    WINDOW,
     Context,
     Measured,
     Offsets,
     Proc,
+    crossing,
     input_topic,
     load_avg,
     log,
@@ -153,7 +154,7 @@ async def changelog_rate(ctx: Context, changelog: str, total: int, done: asyncio
     consumer = clients.consumer(ctx.bootstrap)
     await consumer.start()
     tps = [TopicPartition(changelog, p) for p in range(PARTITIONS)]
-    samples: list[tuple[float, float]] = []
+    samples: list[tuple[float, ...]] = []
     exists = False
     try:
         while not done.is_set():
@@ -165,18 +166,13 @@ async def changelog_rate(ctx: Context, changelog: str, total: int, done: asyncio
             await asyncio.sleep(POLL_S if exists else 4 * POLL_S)
     finally:
         await consumer.stop()
-    lo, hi = 0.10 * total, 0.90 * total
-
-    def at(target: float) -> float | None:
-        for (t0, d0), (t1, d1) in itertools.pairwise(samples):
-            if d0 < target <= d1:
-                return t0 + (target - d0) / (d1 - d0) * (t1 - t0)
+    lo, hi = WINDOW[0] * total, WINDOW[1] * total
+    if not samples or samples[0][1] >= lo:
+        return None  # the window began before the first sample: no rate for it
+    at_lo, at_hi = crossing(samples, lo), crossing(samples, hi)
+    if at_lo is None or at_hi is None or at_hi[0] <= at_lo[0]:
         return None
-
-    t_lo, t_hi = at(lo), at(hi)
-    if t_lo is None or t_hi is None or t_hi <= t_lo:
-        return None
-    return (hi - lo) / (t_hi - t_lo)
+    return (hi - lo) / (at_hi[0] - at_lo[0])
 
 
 async def run_streamsched(ctx: Context, topic: str, total: int) -> Measured:

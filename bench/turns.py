@@ -245,6 +245,17 @@ class Offsets:
         return sum(o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset > 0)
 
 
+def crossing(samples: list[tuple[float, ...]], target: float) -> tuple[float, ...] | None:
+    """Where a series of ``(time, count, *more)`` samples reaches ``count == target``: time and
+    the other fields interpolated linearly between the two samples around it (None if never)."""
+    for s0, s1 in itertools.pairwise(samples):
+        d0, d1 = s0[1], s1[1]
+        if d1 >= target:
+            f = (target - d0) / (d1 - d0) if d1 > d0 else 1.0
+            return tuple(a + f * (b - a) for i, (a, b) in enumerate(zip(s0, s1, strict=True)) if i != 1)
+    return None
+
+
 async def measure(offsets: Offsets, proc: Proc, group: str, topic: str, total: int, broker_pid: int | None,
                   *, timeout_s: float, changes_only: bool = False) -> Measured:
     """Poll until ``group`` committed ``total`` records of ``topic``; rate and CPU in the window.
@@ -281,13 +292,9 @@ async def measure(offsets: Offsets, proc: Proc, group: str, topic: str, total: i
         if code not in (0, None):
             log(f"contender pid {proc.pid} exited with {code}")
 
-    def at(target: float) -> tuple[float, float, float]:
-        for (t0, d0, c0, b0), (t1, d1, c1, b1) in itertools.pairwise(samples):
-            if d1 >= target:
-                f = (target - d0) / (d1 - d0) if d1 > d0 else 1.0
-                return t0 + f * (t1 - t0), c0 + f * (c1 - c0), b0 + f * (b1 - b0)
+    def at(target: float) -> tuple[float, ...]:
         t, _, c, b = samples[-1]
-        return t, c, b
+        return crossing(samples, target) or (t, c, b)
 
     lo, hi = WINDOW[0] * total, WINDOW[1] * total
     (t_lo, c_lo, b_lo), (t_hi, c_hi, b_hi) = at(lo), at(hi)
