@@ -118,9 +118,6 @@ class ClaimStore(StateBase):
         import rocksdict
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.env.sweep_copies(self.path):
-            log.info("claim store of %s[%d]: removed private copies a killed process left",
-                     self.topic, self.partition)
         self.bulk = bulk
         try:
             self._db = self._rdict(bulk)
@@ -145,7 +142,11 @@ class ClaimStore(StateBase):
             self._db.set_write_options(no_wal)
 
     def open_existing(self) -> bool:
-        """Open the store on disk; False (nothing opened) if there is none."""
+        """Open the store on disk; False (nothing opened) if there is none. First, once per
+        partition opened: private copies a killed process left beside it are removed."""
+        if self.env.sweep_copies(self.path):
+            log.info("claim store of %s[%d]: removed private copies a killed process left",
+                     self.topic, self.partition)
         if not (self.path / "CURRENT").exists():
             return False
         self._open()
