@@ -7,16 +7,12 @@ with topic creation off; every event executes once and the broker refused nothin
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from role_support import cli, load_reference, plan_keys
 
 from consumers.ledger import Ledger
 from streamsched.kafka.admin import TopicSpec, apply
@@ -28,42 +24,13 @@ from streamsched.testing import ROOT, WorkerProcess, make_event, produce_events,
 EVENTS = 8
 
 
-def load_reference(name: str, ns: str, env: dict[str, str]) -> ModuleType:
-    """A fresh copy of consumers/<name>.py whose names carry the namespace ``ns``."""
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        spec = importlib.util.spec_from_file_location(f"{name}_{uuid.uuid4().hex}",
-                                                      ROOT / "consumers" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        for k, v in before.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
-
-
-def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "streamsched", *args], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
-
-
-def _key(d: dict[str, str]) -> tuple[str, ...]:
-    return tuple(d[k] for k in ("resource_type", "pattern_type", "resource_name", "operation", "principal",
-                                "host", "permission"))
-
-
 @pytest.mark.parametrize(("workflow", "event_type"), [("due_runs", "due"), ("reports", "report")])
 async def test_a_reference_workflow_runs_end_to_end_with_exactly_its_planned_acls(
         secure: LocalCluster, tmp_path: Path, workflow: str, event_type: str) -> None:
     assert secure.security is not None
     ns = f"-acl{uuid.uuid4().hex[:6]}"
     env = {"STREAMSCHED_NAMESPACE": ns, "STREAMSCHED_LEDGER": str(tmp_path / "ledger.sqlite3")}
-    module = load_reference(workflow, ns, env)
+    module = load_reference(workflow, env)
     (s,) = module.app.schedulers.values()
     principal, app_ref = f"User:{workflow}", f"consumers.{workflow}:app"
     admin = secure.connection()
@@ -74,13 +41,13 @@ async def test_a_reference_workflow_runs_end_to_end_with_exactly_its_planned_acl
                         *(TopicSpec(t, 1, 1, "output") for t in sorted(s.outputs))])
     admin_file = secure.security.write_client_file(secure.bootstrap, "admin")
     role = ["--app", app_ref, "--principal", principal]
-    applied = _cli(["acl", "apply", *role, "--config", str(admin_file)], env)
+    applied = cli(["acl", "apply", *role, "--config", str(admin_file)], env)
     assert applied.returncode == 0, applied.stderr
-    planned = _cli(["acl", "plan", *role, "--format", "json"], env)
+    planned = cli(["acl", "plan", *role, "--format", "json"], env)
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(planned.stdout)
     held = await acl.describe(admin, principal)
-    assert sorted(a.key() for a in held) == sorted(_key(d) for d in plan)  # exactly the plan
+    assert sorted(a.key() for a in held) == plan_keys(plan)  # exactly the plan
     assert not {d["operation"] for d in plan} & {"CREATE", "ALTER", "ALTER_CONFIGS", "DELETE", "ALL"}
 
     log = tmp_path / "worker.log"

@@ -8,11 +8,7 @@ everything else: an undeclared output topic, another scheduler's state topic, tr
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from role_support import cli, load_reference, plan_keys
 
 import consumers.pipelines as reference
 from streamsched.kafka import clients
@@ -32,24 +29,6 @@ from streamsched.ops import acl
 from streamsched.ops.broker import LocalCluster
 from streamsched.ops.cli import main
 from streamsched.testing import ROOT, WorkerProcess, make_event, produce_events, wait_for
-
-
-def load_pipelines(ns: str) -> ModuleType:
-    """A fresh copy of consumers/pipelines.py whose names carry the namespace ``ns``."""
-    before = os.environ.get("STREAMSCHED_NAMESPACE")
-    os.environ["STREAMSCHED_NAMESPACE"] = ns
-    try:
-        spec = importlib.util.spec_from_file_location(f"pipelines_{uuid.uuid4().hex}",
-                                                      ROOT / "consumers" / "pipelines.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        if before is None:
-            del os.environ["STREAMSCHED_NAMESPACE"]
-        else:
-            os.environ["STREAMSCHED_NAMESPACE"] = before
 
 
 def test_the_plan_is_exactly_what_the_role_needs() -> None:
@@ -111,16 +90,11 @@ class Role:
     undeclared: str
 
 
-def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "streamsched", *args], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
-
-
 @pytest.fixture(scope="module")
 async def role(secure: LocalCluster) -> AsyncIterator[Role]:
     assert secure.security is not None
     ns = f"-acl{uuid.uuid4().hex[:6]}"
-    module = load_pipelines(ns)
+    module = load_reference("pipelines", {"STREAMSCHED_NAMESPACE": ns})
     s = module.app.schedulers[module.NAME]
     admin = secure.connection()
     other = f"other{ns}"
@@ -133,10 +107,10 @@ async def role(secure: LocalCluster) -> AsyncIterator[Role]:
                         TopicSpec(f"__streamsched.state.{other}", 1, 1, "state")])
     admin_file = secure.security.write_client_file(secure.bootstrap, "admin")
     env = {"STREAMSCHED_NAMESPACE": ns}
-    applied = _cli(["acl", "apply", "--app", "consumers.pipelines:app", "--principal", "User:pipelines",
+    applied = cli(["acl", "apply", "--app", "consumers.pipelines:app", "--principal", "User:pipelines",
                     "--config", str(admin_file)], env)
     assert applied.returncode == 0, applied.stderr
-    planned = _cli(["acl", "plan", "--app", "consumers.pipelines:app", "--principal", "User:pipelines",
+    planned = cli(["acl", "plan", "--app", "consumers.pipelines:app", "--principal", "User:pipelines",
                     "--format", "json"], env)
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(planned.stdout)
@@ -148,14 +122,9 @@ async def role(secure: LocalCluster) -> AsyncIterator[Role]:
                transactional_id("scheduler", f"streamsched.{other}", s.topic, partition=0), undeclared)
 
 
-def _key(d: dict[str, str]) -> tuple[str, ...]:
-    return tuple(d[k] for k in ("resource_type", "pattern_type", "resource_name", "operation", "principal",
-                                "host", "permission"))
-
-
 async def test_pipelines_runs_end_to_end_with_exactly_its_planned_acls(role: Role, tmp_path: Path) -> None:
     held = await acl.describe(role.admin, "User:pipelines")
-    assert sorted(a.key() for a in held) == sorted(_key(d) for d in role.plan)  # exactly the plan
+    assert sorted(a.key() for a in held) == plan_keys(role.plan)  # exactly the plan
     s = role.app.schedulers[role.module.NAME]
     log = tmp_path / "worker.log"
     env = {"STREAMSCHED_NAMESPACE": role.ns, "STREAMSCHED_CONFIG": str(role.config_file)}
