@@ -417,7 +417,7 @@ class TurnRunner:
                 for task in rest:
                     task.cancel()
                 raise
-            if rest or self._concurrent:
+            if self._concurrent:  # it suspended: the rest of its batch runs as tasks
                 await asyncio.gather(*rest)
                 return
 
