@@ -12,8 +12,8 @@ offset any owner committed.
 
 The partition lifecycle (fenced start, restore, ready/stopping/failed, restart with backoff,
 give-up, rebalance callbacks serialised with this intake) is :mod:`streamsched.kafka.owner`;
-this module supplies the worker's body (:class:`PartitionRunner`: a queue and the turn loop of
-:mod:`streamsched.worker.turn`) and the intake that feeds it.
+the worker's body (a queue and the turn loop) is :mod:`streamsched.worker.partition`; this
+module is the intake that feeds it.
 
 Why one module above ~400 lines: the intake's pause/resume, parking and seek decisions and the
 runner's turn loop hand records to each other under the owner's lock; kept side by side, the
@@ -31,7 +31,6 @@ import os
 import socket
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,13 +45,12 @@ from streamsched.wire.delay import due_ns
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.duework import DueIndex, DueItem
 from streamsched.worker.fetchguard import FetchGuard
+from streamsched.worker.partition import PartitionRunner
 from streamsched.worker.store import HORIZON_DEFAULT_S, StateBase, check_horizon, open_state, parse_duration
 from streamsched.worker.turn import TurnRunner
 
 log = logging.getLogger(__name__)
 
-HOLD_LOOP_S = 0.002
-"""Longest a partition's turns run back to back before letting the event loop serve others."""
 SWEEP_DEADLINE_S = 0.005
 """Time one intake round may spend moving due work (pages of at most 32) into partitions."""
 OFFSET_LOOKUP_S = 30.0
@@ -99,57 +97,6 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if not 1.0 <= self.transaction_deadline_s <= MAX_TXN_DEADLINE_S:
             raise ConfigError(f"transaction_deadline_s must be within 1..{MAX_TXN_DEADLINE_S:.0f} s")
-
-
-class PartitionRunner:
-    """The worker's body for one owned partition: its record queue and its turn loop."""
-
-    def __init__(self, owner: PartitionOwner[PartitionRunner], scheduler: SchedulerDef, turns: TurnRunner,
-                 resume: dict[Any, int]) -> None:
-        self.owner = owner
-        self.scheduler = scheduler
-        self.turns = turns
-        self.queue: deque[Any] = deque()
-        self.wake = asyncio.Event()
-        self.resume: dict[Any, int] | None = resume
-        """Where intake seeks the transition and delay partitions before offering anything
-        (None once done): records fetched before that belong to an earlier owner's position."""
-
-    @property
-    def partition(self) -> int:
-        return self.owner.partition
-
-    def offer(self, records: list[Any]) -> None:
-        self.queue.extend(records)
-        self.wake.set()
-
-    async def run(self) -> None:
-        """Turns until the owner stops, then resolve and commit everything in hand."""
-        s, turns = self.scheduler, self.turns
-        held_since = time.monotonic()
-        while not self.owner.stopping:
-            if not self.queue:
-                # A horizon scan step when idle too, so quiet partitions also tombstone (store.py).
-                # Offsets alone that are not due yet wait for new records or their interval.
-                flush = not turns.idle or turns.state.scan(turns.clock())
-                wait = turns.flush_wait_s() if flush else s.selection_wait_s
-                if flush and wait <= 0:
-                    await turns.step(None, flush_offsets=True)
-                    continue
-                self.wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), wait)
-                continue
-            n = min(len(self.queue), s.max_in_flight)
-            batch = turns.prepare([self.queue.popleft() for _ in range(n)])
-            await turns.step(batch)
-            if time.monotonic() - held_since >= HOLD_LOOP_S:
-                # Handlers that never wait make a step that never suspends, so a backlog would
-                # hold the event loop until it is gone, delaying every other partition's
-                # transaction requests (measured: 25 ms p99 loop lag at half load).
-                await asyncio.sleep(0)
-                held_since = time.monotonic()
-        await turns.drain()
 
 
 class Worker:

@@ -1,0 +1,72 @@
+"""The worker's body for one owned partition: its record queue and its turn loop.
+
+The intake (:mod:`streamsched.worker.intake`) offers records; the loop here hands them to the
+turn (:mod:`streamsched.worker.turn`) as fast as the turn has room for them, and resolves and
+commits everything in hand when the partition's owner stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from typing import Any
+
+from streamsched.kafka.owner import PartitionOwner
+from streamsched.worker.app import SchedulerDef
+from streamsched.worker.turn import TurnRunner
+
+HOLD_LOOP_S = 0.002
+"""Longest a partition's turns run back to back before letting the event loop serve others."""
+
+
+class PartitionRunner:
+    """The worker's body for one owned partition: its record queue and its turn loop."""
+
+    def __init__(self, owner: PartitionOwner[PartitionRunner], scheduler: SchedulerDef, turns: TurnRunner,
+                 resume: dict[Any, int]) -> None:
+        self.owner = owner
+        self.scheduler = scheduler
+        self.turns = turns
+        self.queue: deque[Any] = deque()
+        self.wake = asyncio.Event()
+        self.resume: dict[Any, int] | None = resume
+        """Where intake seeks the transition and delay partitions before offering anything
+        (None once done): records fetched before that belong to an earlier owner's position."""
+
+    @property
+    def partition(self) -> int:
+        return self.owner.partition
+
+    def offer(self, records: list[Any]) -> None:
+        self.queue.extend(records)
+        self.wake.set()
+
+    async def run(self) -> None:
+        """Turns until the owner stops, then resolve and commit everything in hand."""
+        s, turns = self.scheduler, self.turns
+        held_since = time.monotonic()
+        while not self.owner.stopping:
+            if not self.queue:
+                # A horizon scan step when idle too, so quiet partitions also tombstone (store.py).
+                # Offsets alone that are not due yet wait for new records or their interval.
+                flush = not turns.idle or turns.state.scan(turns.clock())
+                wait = turns.flush_wait_s() if flush else s.selection_wait_s
+                if flush and wait <= 0:
+                    await turns.step(None, flush_offsets=True)
+                    continue
+                self.wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), wait)
+                continue
+            n = min(len(self.queue), s.max_in_flight)
+            batch = turns.prepare([self.queue.popleft() for _ in range(n)])
+            await turns.step(batch)
+            if time.monotonic() - held_since >= HOLD_LOOP_S:
+                # Handlers that never wait make a step that never suspends, so a backlog would
+                # hold the event loop until it is gone, delaying every other partition's
+                # transaction requests (measured: 25 ms p99 loop lag at half load).
+                await asyncio.sleep(0)
+                held_since = time.monotonic()
+        await turns.drain()
