@@ -31,6 +31,7 @@ class PartitionRunner:
         self.turns = turns
         self.queue: deque[Any] = deque()
         self.wake = asyncio.Event()
+        turns.notify = self.wake.set  # an execution that ends may free room or be released
         self.resume: dict[Any, int] | None = resume
         """Where intake seeks the transition and delay partitions before offering anything
         (None once done): records fetched before that belong to an earlier owner's position."""
@@ -45,28 +46,37 @@ class PartitionRunner:
 
     async def run(self) -> None:
         """Turns until the owner stops, then resolve and commit everything in hand."""
+        try:
+            await self._turns()
+        except BaseException:
+            self.turns.abandon()  # no execution outlives its owner
+            raise
+        await self.turns.drain()
+
+    async def _turns(self) -> None:
         s, turns = self.scheduler, self.turns
         held_since = time.monotonic()
         while not self.owner.stopping:
-            if not self.queue:
-                # A horizon scan step when idle too, so quiet partitions also tombstone (store.py).
-                # Offsets alone that are not due yet wait for new records or their interval.
-                flush = not turns.idle or turns.state.scan(turns.clock())
-                wait = turns.flush_wait_s() if flush else s.selection_wait_s
-                if flush and wait <= 0:
-                    await turns.step(None, flush_offsets=True)
-                    continue
-                self.wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), wait)
+            room = turns.room()
+            if self.queue and room > 0:
+                n = min(len(self.queue), room)
+                batch = turns.prepare([self.queue.popleft() for _ in range(n)])
+                await turns.step(batch)
+                if time.monotonic() - held_since >= HOLD_LOOP_S:
+                    # Handlers that never wait make a step that never suspends, so a backlog would
+                    # hold the event loop until it is gone, delaying every other partition's
+                    # transaction requests (measured: 25 ms p99 loop lag at half load).
+                    await asyncio.sleep(0)
+                    held_since = time.monotonic()
                 continue
-            n = min(len(self.queue), s.max_in_flight)
-            batch = turns.prepare([self.queue.popleft() for _ in range(n)])
-            await turns.step(batch)
-            if time.monotonic() - held_since >= HOLD_LOOP_S:
-                # Handlers that never wait make a step that never suspends, so a backlog would
-                # hold the event loop until it is gone, delaying every other partition's
-                # transaction requests (measured: 25 ms p99 loop lag at half load).
-                await asyncio.sleep(0)
-                held_since = time.monotonic()
-        await turns.drain()
+            # Nothing to take in: the queue is empty, or every claim of the window is running.
+            # A horizon scan step when idle too, so quiet partitions also tombstone (store.py).
+            # Offsets alone that are not due yet wait for new records or their interval.
+            flush = not turns.idle or (not self.queue and turns.state.scan(turns.clock()))
+            wait = turns.flush_wait_s() if flush else s.selection_wait_s
+            if flush and wait <= 0:
+                await turns.step(None, flush_offsets=not self.queue)
+                continue
+            self.wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), wait)

@@ -9,6 +9,7 @@ built from one resolved :class:`~streamsched.worker.selection.Item` and added to
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from streamsched.kafka.writer import GroupedWriter
@@ -29,7 +30,7 @@ class Records:
     dlq_topic: str
     metrics: Metrics
 
-    def resolved(self, items: list[Item], writer: GroupedWriter, now_ns: int) -> None:
+    def resolved(self, items: Iterable[Item], writer: GroupedWriter, now_ns: int) -> None:
         """Dead letters, parked items and forwarded records of a resolved batch."""
         for it in items:
             if it.dead is not None:

@@ -70,6 +70,11 @@ class Batch:
     selected: bool = True
     """False until leaders are picked (that needs the topic's partition count; see ``step``)."""
 
+    def others(self) -> list[Item]:
+        """The items that are not leaders (followers, dead letters, parked, forwarded, unselected)."""
+        leaders = {id(it) for it in self.leaders}
+        return [it for it in self.items if id(it) not in leaders]
+
 
 def classify(s: SchedulerDef, rec: Any) -> Item:
     """One record as step 1 sees it: decoded, selected (an identity) or not (none), or a dead
@@ -104,13 +109,16 @@ class Selector:
     """Step 1 for one partition of one scheduler."""
 
     def __init__(self, scheduler: SchedulerDef, partition: int, *, owner: str, metrics: Metrics,
-                 clock: Callable[[], int], current: Callable[[str], ClaimState]) -> None:
+                 clock: Callable[[], int], current: Callable[[str], ClaimState],
+                 claimed: Callable[[str], bool] = lambda _identity: False) -> None:
         self.s = scheduler
         self.partition = partition
         self.owner = owner
         self.metrics = metrics
         self.clock = clock
         self.current = current
+        self.claimed = claimed
+        """Whether an identity is claimed and still running (a later record of it follows)."""
 
     def item(self, rec: Any) -> Item:
         """Decode one record and resolve its identity, or say why it is a dead letter."""
@@ -141,7 +149,7 @@ class Selector:
                 if home != self.partition:
                     it.forward = home
                     continue
-            if it.identity in seen:
+            if it.identity in seen or self.claimed(it.identity):
                 it.follower = True
                 self.metrics.inc("duplicates_in_batch")
                 continue

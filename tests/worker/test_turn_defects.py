@@ -34,7 +34,7 @@ from streamsched.wire.dead_letter import view_dead_letter
 from streamsched.wire.delay import due_ns
 from streamsched.wire.schedule import HISTORY_CODEC
 from streamsched.wire.transition import decode_transition, encode_transition
-from streamsched.worker import turn as turn_module
+from streamsched.worker import steps as steps_module
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.feedback import FeedbackTopics
 from streamsched.worker.store import PartitionState
@@ -199,7 +199,7 @@ async def test_feedback_that_cannot_be_written_never_fails_the_release(
     def broken(*args: Any, **kw: Any) -> Any:
         raise DecodeError("encode: history: bound")
 
-    monkeypatch.setattr(turn_module, "feedback_record", broken)
+    monkeypatch.setattr(steps_module, "feedback_record", broken)
     ev = dataclasses.replace(make_event("due", "t", ["a"]), origin="sched:cat:job:1:100")
     await runner.step(runner.prepare([produce(kafka, ev)]))
     await runner.drain()

@@ -26,7 +26,7 @@ from streamsched.testing.fakes import FakeKafka, FakeRecord, TopicPartition
 from streamsched.wire.claim import decode_claim
 from streamsched.wire.dead_letter import view_dead_letter
 from streamsched.wire.transition import encode_transition
-from streamsched.worker import turn as turn_module
+from streamsched.worker import native as native_module
 from streamsched.worker.app import (
     CommandContext,
     Emit,
@@ -202,7 +202,7 @@ async def test_nothing_is_visible_before_the_commit_and_it_commits_on_the_interv
 
 
 async def test_a_transaction_past_its_size_bound_commits(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(turn_module, "TXN_MAX_RECORDS", 12)
+    monkeypatch.setattr(native_module, "TXN_MAX_RECORDS", 12)
     w = World()
     runner = await w.runner()
     recs = [w.produce(event(f"o{i}")) for i in range(16)]
