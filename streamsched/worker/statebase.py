@@ -1,10 +1,11 @@
 """The claim state's abstract base: what the turn needs of a partition's claim state, and the
 outcome horizon and fence floor every store enforces the same way.
 
-Two stores implement :class:`StateBase`, each in its own module and neither importing the other:
+Two stores implement :class:`StateBase`, each in its own module:
 :class:`streamsched.worker.store.PartitionState` keeps every snapshot in memory (tests, fakes,
 ``store_dir=None``), :class:`streamsched.worker.claimstore.ClaimStore` keeps them on disk. The
-rules that must not differ between them live here, once.
+rules that must not differ between them live here, once, so the disk store needs nothing of the
+in-memory store's module (which imports it only to choose between the two, in ``open_state``).
 
 **Outcome horizon.** A resolved identity (RELEASED with an outcome) is kept for
 ``horizon_s`` after its outcome (default 7 days, bounds 1 hour .. 365 days). Past it, the worker
