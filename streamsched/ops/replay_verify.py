@@ -23,17 +23,12 @@ from tqdm import tqdm
 from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_count
 from streamsched.kafka.writer import partition_for_key
+from streamsched.model.durations import parse_duration
 from streamsched.ops.replay import Target, plan_reset
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.selection import classify
-from streamsched.worker.store import (
-    HORIZON_DEFAULT_S,
-    PartitionState,
-    check_horizon,
-    expired,
-    parse_duration,
-    restore,
-)
+from streamsched.worker.statebase import HORIZON_DEFAULT_S, check_horizon, expired
+from streamsched.worker.store import PartitionState, restore
 
 LONG_RANGE = 10_000
 """Records from which ``--verify`` shows progress by default."""

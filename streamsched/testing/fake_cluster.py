@@ -2,10 +2,14 @@
 and group offsets, and every rule the fake models about them (offsets per record and marker, last
 stable offset, COMMIT/ABORT markers, epochs and fencing, offsets applied on commit).
 
-All reads and writes of those tables live in :class:`FakeKafka`, so the fake's invariants are
+All reads and writes of those tables live in :class:`FakeCluster`, so the fake's invariants are
 checkable in this one module. :class:`~streamsched.testing.fake_producer.FakeProducer` and
 :class:`~streamsched.testing.fake_consumer.FakeConsumer` reach them only through the underscored
 methods under "the clients' side" below; tests use the public methods.
+
+The clients import this module (the cluster is what they drive) and this module never imports
+them: a test's :class:`~streamsched.testing.fakes.FakeKafka` is this cluster plus the factories
+that make clients over it, defined where the clients are assembled.
 """
 
 from __future__ import annotations
@@ -14,13 +18,12 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from aiokafka.errors import UnknownTopicOrPartitionError
 
 from streamsched.kafka.writer import partition_for_key
 from streamsched.testing.fake_types import (
-    DEFAULT_BATCH_BYTES,
     FakeRecord,
     Header,
     Isolation,
@@ -28,11 +31,7 @@ from streamsched.testing.fake_types import (
     Transaction,
 )
 
-if TYPE_CHECKING:
-    from streamsched.testing.fake_consumer import FakeConsumer
-    from streamsched.testing.fake_producer import FakeProducer
-
-__all__ = ["FakeKafka", "TxnState"]
+__all__ = ["FakeCluster", "TxnState"]
 
 
 @dataclass(eq=False, slots=True)
@@ -63,7 +62,7 @@ class _Partition:
         return min(self.open_first.values(), default=len(self.log))
 
 
-class FakeKafka:
+class FakeCluster:
     """One in-memory cluster: topics, transaction coordinator and group offsets."""
 
     def __init__(self, *, clock_ms: Callable[[], int] | None = None) -> None:
@@ -144,21 +143,6 @@ class FakeKafka:
             return partition_for_key(key, n)
         self._round_robin += 1
         return self._round_robin % n
-
-    # --- clients ------------------------------------------------------------------------------
-
-    def producer(self, transactional_id: str | None = None, *,
-                 max_batch_size: int = DEFAULT_BATCH_BYTES) -> FakeProducer:
-        # Imported here: the client modules import this one (the cluster is what they drive).
-        from streamsched.testing.fake_producer import FakeProducer
-
-        return FakeProducer(self, transactional_id, max_batch_size=max_batch_size)
-
-    def consumer(self, group_id: str | None = None, *,
-                 isolation_level: Isolation = "read_committed") -> FakeConsumer:
-        from streamsched.testing.fake_consumer import FakeConsumer
-
-        return FakeConsumer(self, group_id, isolation_level=isolation_level)
 
     # --- the clients' side (FakeProducer, FakeConsumer; not for tests) -------------------------
 

@@ -1,5 +1,5 @@
 """The consumer of :mod:`streamsched.testing.fakes`: a manually assigned ``AIOKafkaConsumer``
-stand-in over :class:`~streamsched.testing.fake_cluster.FakeKafka` (positions, pause/resume,
+stand-in over :class:`~streamsched.testing.fake_cluster.FakeCluster` (positions, pause/resume,
 seeks, group commits, ``getmany`` with a timeout), read_committed by default.
 
 The consumer keeps only client-side state (assignment, positions, paused partitions); what it
@@ -13,16 +13,16 @@ from collections.abc import Iterable, Mapping
 
 from aiokafka.errors import IllegalOperation
 
-from streamsched.testing.fake_cluster import FakeKafka
+from streamsched.testing.fake_cluster import FakeCluster
 from streamsched.testing.fake_types import FakeRecord, Isolation, TopicPartition, TopicPartitionLike
 
 __all__ = ["FakeConsumer"]
 
 
 class FakeConsumer:
-    """A manually assigned consumer over :class:`FakeKafka` (read_committed by default)."""
+    """A manually assigned consumer over :class:`FakeCluster` (read_committed by default)."""
 
-    def __init__(self, kafka: FakeKafka, group_id: str | None = None, *,
+    def __init__(self, kafka: FakeCluster, group_id: str | None = None, *,
                  isolation_level: Isolation = "read_committed") -> None:
         self.kafka = kafka
         self.group_id = group_id

@@ -1,5 +1,5 @@
 """The producer of :mod:`streamsched.testing.fakes`: a (transactional) ``AIOKafkaProducer``
-stand-in over :class:`~streamsched.testing.fake_cluster.FakeKafka`, with aiokafka's method names,
+stand-in over :class:`~streamsched.testing.fake_cluster.FakeCluster`, with aiokafka's method names,
 its batch builder, and the failure injection tests use to drive abort paths.
 
 The producer keeps only client-side state (started, fenced, its current transaction); what a
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from aiokafka.errors import IllegalOperation, ProducerFenced
 
-from streamsched.testing.fake_cluster import FakeKafka, TxnState
+from streamsched.testing.fake_cluster import FakeCluster, TxnState
 from streamsched.testing.fake_types import (
     DEFAULT_BATCH_BYTES,
     BatchMetadata,
@@ -66,9 +66,9 @@ class FakeBatch:
 
 
 class FakeProducer:
-    """A (transactional) producer over :class:`FakeKafka` with aiokafka's method names."""
+    """A (transactional) producer over :class:`FakeCluster` with aiokafka's method names."""
 
-    def __init__(self, kafka: FakeKafka, transactional_id: str | None = None, *,
+    def __init__(self, kafka: FakeCluster, transactional_id: str | None = None, *,
                  max_batch_size: int = DEFAULT_BATCH_BYTES) -> None:
         self.kafka = kafka
         self.transactional_id = transactional_id

@@ -26,15 +26,18 @@ before an operation (for example :meth:`FakeKafka.fence`, to fence a producer mi
 Import everything from here; the pieces live beside it, by concept:
 
 * :mod:`~streamsched.testing.fake_types`: the values handed out (records, metadata, partitions);
-* :mod:`~streamsched.testing.fake_cluster`: :class:`FakeKafka`, the logs, the transaction
+* :mod:`~streamsched.testing.fake_cluster`: :class:`FakeCluster`, the logs, the transaction
   coordinator and group offsets; every rule above about them is enforced there, in one place;
 * :mod:`~streamsched.testing.fake_producer`: :class:`FakeProducer` and :class:`FakeBatch`;
-* :mod:`~streamsched.testing.fake_consumer`: :class:`FakeConsumer`.
+* :mod:`~streamsched.testing.fake_consumer`: :class:`FakeConsumer`;
+* here: :class:`FakeKafka`, the cluster a test holds, which also makes clients over itself.
+  It is defined here, not in the cluster's module, because the clients import the cluster: the
+  modules import one way (cluster <- clients <- this one).
 """
 
 from __future__ import annotations
 
-from streamsched.testing.fake_cluster import FakeKafka
+from streamsched.testing.fake_cluster import FakeCluster
 from streamsched.testing.fake_consumer import FakeConsumer
 from streamsched.testing.fake_producer import FakeBatch, FakeProducer
 from streamsched.testing.fake_types import (
@@ -49,6 +52,18 @@ from streamsched.testing.fake_types import (
     Transaction,
 )
 
-__all__ = ["DEFAULT_BATCH_BYTES", "BatchMetadata", "FakeBatch", "FakeConsumer", "FakeKafka", "FakeProducer",
-           "FakeRecord", "Header", "Isolation", "ProducerOp", "RecordMetadata", "TopicPartition",
-           "Transaction"]
+__all__ = ["DEFAULT_BATCH_BYTES", "BatchMetadata", "FakeBatch", "FakeCluster", "FakeConsumer", "FakeKafka",
+           "FakeProducer", "FakeRecord", "Header", "Isolation", "ProducerOp", "RecordMetadata",
+           "TopicPartition", "Transaction"]
+
+
+class FakeKafka(FakeCluster):
+    """One in-memory cluster (:class:`FakeCluster`) and the clients a test makes over it."""
+
+    def producer(self, transactional_id: str | None = None, *,
+                 max_batch_size: int = DEFAULT_BATCH_BYTES) -> FakeProducer:
+        return FakeProducer(self, transactional_id, max_batch_size=max_batch_size)
+
+    def consumer(self, group_id: str | None = None, *,
+                 isolation_level: Isolation = "read_committed") -> FakeConsumer:
+        return FakeConsumer(self, group_id, isolation_level=isolation_level)

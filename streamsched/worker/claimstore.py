@@ -64,14 +64,9 @@ from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import CLAIM_PREFIX, decode_claim, encode_claim, resolved_at
 from streamsched.worker.changelog import Bounds, PartitionReader, TopicIdentity
+from streamsched.worker.progress import Progress
 from streamsched.worker.rocksenv import StoreEnv
-from streamsched.worker.store import (
-    FLOOR_IDENTITY,
-    FLOOR_KEY,
-    HORIZON_DEFAULT_S,
-    Progress,
-    StateBase,
-)
+from streamsched.worker.statebase import FLOOR_IDENTITY, FLOOR_KEY, HORIZON_DEFAULT_S, StateBase
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

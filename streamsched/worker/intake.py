@@ -40,13 +40,15 @@ from streamsched.kafka.admin import TopicSpec, apply, partition_counts
 from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S
 from streamsched.metrics import Metrics
+from streamsched.model.durations import parse_duration
 from streamsched.model.names import transactional_id
 from streamsched.wire.delay import due_ns
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.duework import DueIndex, DueItem
 from streamsched.worker.fetchguard import FetchGuard
 from streamsched.worker.partition import PartitionRunner
-from streamsched.worker.store import HORIZON_DEFAULT_S, StateBase, check_horizon, open_state, parse_duration
+from streamsched.worker.statebase import HORIZON_DEFAULT_S, StateBase, check_horizon
+from streamsched.worker.store import open_state
 from streamsched.worker.turn import TurnRunner
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from streamsched.testing import make_event, produce_events, running_worker, wait
 from streamsched.wire.claim import decode_claim, encode_claim
 from streamsched.worker.claimstore import open_store
 from streamsched.worker.rocksenv import StoreEnv
-from streamsched.worker.store import FLOOR_IDENTITY
+from streamsched.worker.statebase import FLOOR_IDENTITY
 
 pytestmark = pytest.mark.kafka
 DAY_NS = 86_400 * 10**9

@@ -59,13 +59,13 @@ def test_a_tombstone_removes_both_forms_and_a_later_put_wins() -> None:
 def test_restore_progress_is_a_gauge_and_a_log_line_every_few_seconds(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from streamsched.metrics import Metrics
-    from streamsched.worker import store
+    from streamsched.worker import progress as restore_progress
 
     now = [100.0]
-    monkeypatch.setattr(store.time, "monotonic", lambda: now[0])
-    caplog.set_level(logging.INFO, logger=store.__name__)
+    monkeypatch.setattr(restore_progress.time, "monotonic", lambda: now[0])
+    caplog.set_level(logging.INFO, logger=restore_progress.__name__)
     metrics = Metrics("s")
-    progress = store.Progress(metrics, "__streamsched.state.s", 3, 1000, 9000, "cold")
+    progress = restore_progress.Progress(metrics, "__streamsched.state.s", 3, 1000, 9000, "cold")
     assert metrics.gauges["restore_remaining{partition=3}"] == 8000
     progress.page(4096, 5096)
     assert metrics.gauges["restore_remaining{partition=3}"] == 3904
@@ -80,3 +80,14 @@ def test_restore_progress_is_a_gauge_and_a_log_line_every_few_seconds(
     assert metrics.counters["restore_records{partition=3}"] == 8000
     assert caplog.records[-1].getMessage().startswith(
         "restored __streamsched.state.s[3] (cold) from offset 1000")
+
+
+def test_the_claim_state_base_is_abstract_over_its_storage_primitives() -> None:
+    from streamsched.worker.statebase import StateBase
+
+    primitives = {"_lookup", "put", "_drop", "_scan_page", "identities", "_committed", "close"}
+    assert StateBase.__abstractmethods__ == primitives
+    with pytest.raises(TypeError, match="abstract"):
+        StateBase(0)  # type: ignore[abstract]
+    assert not PartitionState.__abstractmethods__
+    assert PartitionState(0).get("sched_a") == ClaimState("sched_a")

@@ -54,7 +54,8 @@ The first SIGTERM or SIGINT drains, commits and leaves the group (exit 0); a sec
 
 
 def _horizon(text: str) -> float:
-    from streamsched.worker.store import check_horizon, parse_duration
+    from streamsched.model.durations import parse_duration
+    from streamsched.worker.statebase import check_horizon
 
     try:
         return check_horizon(parse_duration(text))
