@@ -28,7 +28,7 @@ from streamsched.kafka.writer import GroupedWriter
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import encode_claim
-from streamsched.worker.store import StateBase
+from streamsched.worker.statebase import StateBase
 
 RECORD_OVERHEAD = 64
 """Bytes counted per record on top of its value (key, headers, framing) against a size bound."""

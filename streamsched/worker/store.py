@@ -37,7 +37,6 @@ from streamsched.worker.statebase import (
     HORIZON_DEFAULT_S,
     expiry,
 )
-from streamsched.worker.statebase import StateBase as StateBase  # the turn imports it from here
 
 log = logging.getLogger(__name__)
 

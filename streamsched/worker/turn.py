@@ -70,7 +70,8 @@ from streamsched.worker.native import TXN_MAX_BYTES, TXN_MAX_RECORDS, KafkaNativ
 from streamsched.worker.offsets import Offsets
 from streamsched.worker.selection import Batch, Selector
 from streamsched.worker.steps import PartitionSteps
-from streamsched.worker.store import StateBase, export_corrupt
+from streamsched.worker.statebase import StateBase
+from streamsched.worker.store import export_corrupt
 from streamsched.worker.window import ClaimWindow
 
 __all__ = ["TXN_MAX_BYTES", "TXN_MAX_RECORDS", "TurnRunner"]
