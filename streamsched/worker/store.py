@@ -35,6 +35,7 @@ from streamsched.worker.statebase import (
     CANDIDATES_MAX,
     FLOOR_IDENTITY,
     HORIZON_DEFAULT_S,
+    StateBase,
     expiry,
 )
 

@@ -69,8 +69,8 @@ from streamsched.worker.feedback import FeedbackTopics, Lookup, admin_lookup
 from streamsched.worker.native import TXN_MAX_BYTES, TXN_MAX_RECORDS, KafkaNative
 from streamsched.worker.offsets import Offsets
 from streamsched.worker.selection import Batch, Selector
-from streamsched.worker.steps import PartitionSteps
 from streamsched.worker.statebase import StateBase
+from streamsched.worker.steps import PartitionSteps
 from streamsched.worker.store import export_corrupt
 from streamsched.worker.window import ClaimWindow
 
@@ -110,8 +110,9 @@ class TurnRunner:
         steps = PartitionSteps(scheduler, partition, owner=owner, metrics=metrics, clock=clock,
                                retry=retry or scheduler.retry,
                                feedback=FeedbackTopics(feedback_lookup or admin_lookup(bootstrap), metrics))
-        self._txn = txn = TxnSettings(producer, state, scheduler.state_topic, partition, metrics, txn_deadline_s,
-                          send_offsets=lambda marks: steps.send_offsets(producer, marks))
+        self._txn = txn = TxnSettings(producer, state, scheduler.state_topic, partition, metrics,
+                                      txn_deadline_s,
+                                      send_offsets=lambda marks: steps.send_offsets(producer, marks))
         self.window = ClaimWindow(steps, txn, self.offsets, max_in_flight=scheduler.max_in_flight,
                                   commit_interval_s=commit_interval_s)
         self.native: KafkaNative | None = None if self.claim_first else KafkaNative(
