@@ -73,7 +73,7 @@ class PartitionRunner:
             # A horizon scan step when idle too, so quiet partitions also tombstone (store.py).
             # Offsets alone that are not due yet wait for new records or their interval.
             flush = not turns.idle or (not self.queue and turns.state.scan(turns.clock()))
-            wait = turns.flush_wait_s() if flush else s.selection_wait_s
+            wait = turns.flush_wait_s(in_hand=bool(self.queue)) if flush else s.selection_wait_s
             if flush and wait <= 0:
                 await turns.step(None, flush_offsets=not self.queue)
                 continue

@@ -76,11 +76,6 @@ from streamsched.worker.window import ClaimWindow
 
 __all__ = ["TXN_MAX_BYTES", "TXN_MAX_RECORDS", "TurnRunner"]
 
-WINDOW_WAIT_S = 1.0
-"""Longest the partition loop sleeps while claims run and nothing else is in hand (an ending
-execution wakes it at once, through :attr:`TurnRunner.notify`)."""
-
-
 class TurnRunner:
     """Runs one partition's records through the turn, in the shape its scheduler needs."""
 
@@ -173,15 +168,13 @@ class TurnRunner:
         """How many records the next step may take in."""
         return self.window.room() if self.native is None else self.scheduler.max_in_flight
 
-    def flush_wait_s(self) -> float:
-        """With nothing in hand: how long the partition loop may wait before stepping with no new
-        records (0: now). Kafka-native offsets wait for their interval; running claims wait for
-        an execution to end (which wakes the loop)."""
+    def flush_wait_s(self, *, in_hand: bool = False) -> float:
+        """How long the partition loop may wait before stepping with no new records (0: now);
+        ``in_hand``: records wait for room in the claim window. Kafka-native offsets wait for
+        their interval; running claims for an execution to end (which wakes the loop)."""
         if self.native is not None:
             return self.native.flush_wait_s()
-        if self.window.ready() or not self.window.claimed:
-            return 0.0
-        return WINDOW_WAIT_S
+        return self.window.wait_s(in_hand=in_hand)
 
     # --- 1. select (streamsched.worker.selection) ---------------------------------------------
 

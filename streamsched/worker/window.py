@@ -42,6 +42,9 @@ from streamsched.worker.offsets import Offsets, Span
 from streamsched.worker.selection import Batch, Item
 from streamsched.worker.steps import PartitionSteps, resolution_failpoints
 
+WINDOW_WAIT_S = 1.0
+"""Longest the partition loop sleeps while claims run and nothing else is in hand (an ending
+execution wakes it at once)."""
 ADMITTED_RECORDS_PER_SLOT = 8
 """Records admitted but unresolved, per slot of the window, at most (a slow leader ahead of a
 flood of duplicates or dead letters must not let admitted records grow without bound)."""
@@ -101,9 +104,17 @@ class ClaimWindow:
     def idle(self) -> bool:
         return not self.admitted and not self.claimed and not self.offsets.unsent()
 
-    def ready(self) -> bool:
-        """Something to write now: a finished execution, a failure to raise, unsent offsets."""
-        return bool(self.finished) or self.failure is not None or self.offsets.unsent()
+    def wait_s(self, *, in_hand: bool) -> float:
+        """How long the partition loop may wait before stepping with no new records (0: now);
+        ``in_hand``: records wait for room in the window (then offsets wait for their interval).
+        An ending execution wakes the loop earlier (:attr:`notify`)."""
+        if self.finished or self.failure is not None:
+            return 0.0
+        if self.offsets.unsent():
+            if not in_hand:
+                return 0.0
+            return max(0.0, self.commit_interval_s - (time.monotonic() - self.last_offsets))
+        return WINDOW_WAIT_S if self.claimed else 0.0
 
     # --- the turn --------------------------------------------------------------------------------
 
