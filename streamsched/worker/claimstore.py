@@ -60,10 +60,10 @@ from typing import Any, TypeVar
 
 from streamsched.errors import DecodeError
 from streamsched.kafka import clients
+from streamsched.kafka.changelog import Bounds, PartitionReader, TopicIdentity
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import CLAIM_PREFIX, decode_claim, encode_claim, resolved_at
-from streamsched.worker.changelog import Bounds, PartitionReader, TopicIdentity
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.store import (
     FLOOR_IDENTITY,

@@ -358,7 +358,7 @@ async def restore(conn: clients.Conn, topic: str, partition: int, *, horizon_s: 
                   metrics: Metrics | None = None, timeout_s: float = 60.0) -> PartitionState:
     """Read ``topic[partition]`` to its end, a page at a time, into a :class:`PartitionState`
     (``timeout_s``: the longest the read may stall without progress)."""
-    from streamsched.worker.changelog import PartitionReader
+    from streamsched.kafka.changelog import PartitionReader
 
     state = PartitionState(partition, horizon_s=horizon_s)
     async with PartitionReader(conn, topic, partition, stall_s=timeout_s) as reader:
