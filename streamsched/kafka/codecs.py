@@ -17,10 +17,11 @@ others go on (see :mod:`streamsched.worker.intake`).
 from __future__ import annotations
 
 import re
-from typing import Any, Final
+from typing import Final
 
 from streamsched.errors import StreamschedError
 from streamsched.kafka import compat
+from streamsched.kafka.protocols import TopicPartitionLike
 
 __all__ = ["CODECS", "UndecodableBatch", "available", "failed_partition", "missing_codec"]
 
@@ -49,7 +50,7 @@ def missing_codec(exc: BaseException) -> str | None:
     return "unknown" if _UNKNOWN.search(text) else None
 
 
-def failed_partition(exc: BaseException) -> Any | None:
+def failed_partition(exc: BaseException) -> TopicPartitionLike | None:
     """The ``TopicPartition`` whose fetched batch raised ``exc`` inside aiokafka's record
     decoding, or None when ``exc`` did not come from decoding one partition's batch (a fetch
     error, a stopped consumer, our own bug: not a batch problem, left to the caller).

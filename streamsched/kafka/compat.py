@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from io import BytesIO
 from typing import Any
 
+from streamsched.kafka.protocols import TopicPartitionLike
+
 AIOKAFKA_RANGE = ">=0.14.0,<0.15"
 """The aiokafka releases these internals were read from (pyproject.toml pins the same range)."""
 
@@ -147,14 +149,14 @@ def producer_futures(producer: object) -> list[asyncio.Future[Any]]:
     return [f for f in found if isinstance(f, asyncio.Future)]
 
 
-def failed_partition(exc: BaseException) -> Any | None:
+def failed_partition(exc: BaseException) -> TopicPartitionLike | None:
     """The ``TopicPartition`` whose fetched batch raised ``exc`` inside aiokafka's record decoding,
     or None when ``exc`` did not come from decoding one partition's batch.
 
     aiokafka decodes lazily: ``getmany`` -> ``FetchResult.getall`` ->
     ``PartitionRecords._unpack_records`` (holding the partition as ``_tp``) -> the batch; the
     innermost such frame names the partition. No public error carries it."""
-    found: Any = None
+    found: TopicPartitionLike | None = None
     tb = exc.__traceback__
     while tb is not None:
         frame = tb.tb_frame
