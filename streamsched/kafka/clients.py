@@ -35,8 +35,9 @@ its ApiVersions (:func:`verify_broker`, once per process and bootstrap list) and
 untested one with :class:`~streamsched.kafka.version.UntestedKafkaVersion` unless the connection
 allows it (``allow_untested_kafka``, or ``STREAMSCHED_ALLOW_UNTESTED_KAFKA=1``).
 
-Typed boundary: aiokafka ships no type information, so the factories return the aiokafka
-classes as ``Any``-typed objects behind the small Protocols callers actually use.
+Typed boundary: aiokafka ships no type information, so the factories return the Protocols of
+:mod:`streamsched.kafka.protocols` (the surface the package uses); what aiokafka offers only
+through private internals is reached through :mod:`streamsched.kafka.compat`, nowhere else.
 
 Why one module above ~400 lines: "every client is built in one place" is the guarantee; the
 connection, the locked options, the version check and the metadata-refresh patch each apply to
@@ -48,11 +49,13 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamsched.errors import ConfigError
-from streamsched.kafka import clientlog, security, version
+from streamsched.kafka import clientlog, compat, security, version
+from streamsched.kafka.protocols import GroupConsumer, Producer, TopicPartitionLike, TransactionalProducer
 from streamsched.kafka.security import Secret
 from streamsched.model.retry import register_transport_errors
 
@@ -253,7 +256,7 @@ def _refuse(options: dict[str, Any], locked: frozenset[str], what: str) -> None:
                           "and cannot be set")
 
 
-def consumer(conn: Conn, *topics: str, group_id: str | None = None, **options: Any) -> Any:
+def consumer(conn: Conn, *topics: str, group_id: str | None = None, **options: Any) -> GroupConsumer:
     """An ``AIOKafkaConsumer`` (not started): no auto commit, earliest, read_committed; it
     refreshes metadata every few seconds and whenever an offset lookup fails (module docs)."""
     _refuse(options, LOCKED_CONSUMER, "consumer")
@@ -262,7 +265,7 @@ def consumer(conn: Conn, *topics: str, group_id: str | None = None, **options: A
                               auto_offset_reset="earliest", isolation_level="read_committed",
                               **{**_CONSUMER_DEFAULTS, **c.for_client("consumer"), **options})
     built._streamsched_conn = c
-    return built
+    return built  # type: ignore[no-any-return]
 
 
 @functools.cache
@@ -278,17 +281,14 @@ def _consumer_class() -> type[Any]:
         async def start(self) -> None:
             await super().start()
             _refresh_metadata_on_offset_errors(self)
-            await _verify_started(self, self._client, self.stop)
+            await _verify_started(self, compat.client_of(self), self.stop)
 
-        def position_now(self, tp: Any) -> int | None:
-            """``tp``'s position if the consumer knows it now, else None (not assigned, or a
-            reset not answered yet); never waits. ``position()`` waits for a pending reset, in
-            aiokafka 0.14 in a loop without end, which must not stop a loop serving every
+        def position_now(self, partition: TopicPartitionLike) -> int | None:
+            """``partition``'s position if the consumer knows it now, else None (not assigned,
+            or a reset not answered yet); never waits. ``position()`` waits for a pending reset,
+            in aiokafka 0.14 in a loop without end, which must not stop a loop serving every
             other partition (the worker's intake)."""
-            subscription = self._subscription.subscription
-            assignment = subscription.assignment if subscription is not None else None
-            state = assignment.state_value(tp) if assignment is not None else None
-            return int(state.position) if state is not None and state.has_valid_position else None
+            return compat.position_now(self, partition)
 
     return Consumer
 
@@ -304,7 +304,7 @@ def _producer_class() -> type[Any]:
 
         async def start(self) -> None:
             await super().start()
-            await _verify_started(self, self.client, self.stop)
+            await _verify_started(self, compat.client_of(self), self.stop)
 
     return Producer
 
@@ -320,7 +320,7 @@ def _admin_class() -> type[Any]:
 
         async def start(self) -> None:
             await super().start()
-            await _verify_started(self, self._client, self.close)
+            await _verify_started(self, compat.client_of(self), self.close)
 
     return Admin
 
@@ -332,16 +332,7 @@ _verified: dict[str, version.DetectedVersion] = {}
 async def api_versions(client: Any) -> dict[int, tuple[int, int]] | None:
     """The (min, max) version per API key of one broker of a started aiokafka ``client``
     (``AIOKafkaClient``); None if no broker answers or aiokafka's internals changed."""
-    cluster = getattr(client, "cluster", None)
-    get_conn = getattr(client, "_get_conn", None)
-    if cluster is None or get_conn is None:
-        return None
-    for broker in sorted(cluster.brokers(), key=lambda b: b.nodeId):
-        conn = await get_conn(broker.nodeId)
-        versions = getattr(conn, "_versions", None)
-        if conn is not None and versions:
-            return {int(k): (int(v[0]), int(v[1])) for k, v in versions.items()}
-    return None
+    return await compat.broker_api_versions(client)
 
 
 async def verify_broker(conn: Connection, client: Any) -> version.DetectedVersion | None:
@@ -367,9 +358,9 @@ async def verify_broker(conn: Connection, client: Any) -> version.DetectedVersio
     return known
 
 
-async def _verify_started(client_obj: Any, client: Any, close: Any) -> None:
+async def _verify_started(client_obj: Any, client: Any, close: Callable[[], Awaitable[None]]) -> None:
     clientlog.connected()  # started: it reached a bootstrap address
-    conn = client_obj._streamsched_conn
+    conn: Connection | None = client_obj._streamsched_conn
     if conn is None:
         return
     try:
@@ -379,7 +370,7 @@ async def _verify_started(client_obj: Any, client: Any, close: Any) -> None:
         raise
 
 
-def _refresh_metadata_on_offset_errors(consumer: Any) -> None:
+def _refresh_metadata_on_offset_errors(consumer: object) -> None:
     """Make a started consumer's fetcher force a metadata update when a ListOffsets fails.
 
     aiokafka 0.14 (pinned) resets positions in ``Fetcher._update_fetch_positions``, which calls
@@ -389,38 +380,24 @@ def _refresh_metadata_on_offset_errors(consumer: Any) -> None:
     the leader named by fresh metadata. ``_retrieve_offsets`` (``end_offsets`` and friends)
     already refreshes on such errors; a second forced update is coalesced by the client.
     """
-    from aiokafka.errors import KafkaError
-
-    fetcher = getattr(consumer, "_fetcher", None)
-    original = getattr(fetcher, "_proc_offset_request", None)
-    client = getattr(consumer, "_client", None)
-    if fetcher is None or original is None or client is None:
+    client = compat.client_of(consumer)
+    if client is None or not compat.on_offset_lookup_error(consumer, client.force_metadata_update):
         # A different aiokafka: keep working on the short metadata max age alone.
         log.warning("aiokafka fetcher internals changed; offset-lookup failures will not force "
                     "a metadata refresh")
-        return
-
-    async def proc_offset_request(node_id: int, topic_data: Any) -> Any:
-        try:
-            return await original(node_id, topic_data)
-        except KafkaError:
-            client.force_metadata_update()
-            raise
-
-    fetcher._proc_offset_request = proc_offset_request
 
 
-def producer(conn: Conn, **options: Any) -> Any:
+def producer(conn: Conn, **options: Any) -> Producer:
     """An idempotent ``AIOKafkaProducer`` with ``acks="all"`` (not started)."""
     _refuse(options, LOCKED_PRODUCER, "producer")
     c = connection(conn)
     built = _producer_class()(acks="all", enable_idempotence=True,
                               **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
     built._streamsched_conn = c
-    return built
+    return built  # type: ignore[no-any-return]
 
 
-def transactional_producer(conn: Conn, transactional_id: str, **options: Any) -> Any:
+def transactional_producer(conn: Conn, transactional_id: str, **options: Any) -> TransactionalProducer:
     """A transactional producer bound to ``transactional_id`` (its start fences older owners)."""
     _refuse(options, LOCKED_PRODUCER, "producer")
     if not transactional_id:
@@ -430,7 +407,7 @@ def transactional_producer(conn: Conn, transactional_id: str, **options: Any) ->
     built = _producer_class()(acks="all", enable_idempotence=True, transactional_id=transactional_id,
                               **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
     built._streamsched_conn = c
-    return built
+    return built  # type: ignore[no-any-return]
 
 
 def admin(conn: Conn, **options: Any) -> Any:
@@ -441,17 +418,13 @@ def admin(conn: Conn, **options: Any) -> Any:
     return built
 
 
-def forget_topic(producer: Any, topic: str) -> None:
+def forget_topic(producer: object, topic: str) -> None:
     """Stop refreshing ``topic`` in ``producer``'s metadata.
 
     aiokafka keeps every topic it was ever asked about (``partitions_for``, a send) and asks for
     it again every :data:`METADATA_MAX_AGE_MS`, logging an ERROR each time for a topic this
     principal may not describe. A caller that found a topic unusable and will look it up again
     later itself (the ticker's targets) drops it here. aiokafka 0.14 has no public call for this:
-    its client's topic set is replaced (an empty set would mean "every topic", so the last topic
-    is kept).
+    its client's topic set is replaced (:func:`streamsched.kafka.compat.forget_topic`).
     """
-    client = getattr(producer, "client", None)
-    topics = getattr(client, "_topics", None)
-    if isinstance(topics, set) and topic in topics and len(topics) > 1:
-        client._topics = topics - {topic}  # type: ignore[union-attr]
+    compat.forget_topic(producer, topic)

@@ -17,9 +17,11 @@ others go on (see :mod:`streamsched.worker.intake`).
 from __future__ import annotations
 
 import re
-from typing import Any, Final
+from typing import Final
 
 from streamsched.errors import StreamschedError
+from streamsched.kafka import compat
+from streamsched.kafka.protocols import TopicPartitionLike
 
 __all__ = ["CODECS", "UndecodableBatch", "available", "failed_partition", "missing_codec"]
 
@@ -48,27 +50,14 @@ def missing_codec(exc: BaseException) -> str | None:
     return "unknown" if _UNKNOWN.search(text) else None
 
 
-def failed_partition(exc: BaseException) -> Any | None:
+def failed_partition(exc: BaseException) -> TopicPartitionLike | None:
     """The ``TopicPartition`` whose fetched batch raised ``exc`` inside aiokafka's record
-    decoding, or None when ``exc`` did not come from decoding one partition's batch.
+    decoding, or None when ``exc`` did not come from decoding one partition's batch (a fetch
+    error, a stopped consumer, our own bug: not a batch problem, left to the caller).
 
-    aiokafka decodes lazily: ``consumer.getmany`` -> ``FetchResult.getall`` ->
-    ``PartitionRecords._unpack_records`` (which holds the partition as ``tp``) -> the batch. The
-    innermost such frame names the partition; an error raised anywhere else (a fetch error, a
-    stopped consumer, our own bug) is not a batch problem and is left to the caller.
-    """
-    found: Any = None
-    tb = exc.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        owner = frame.f_locals.get("self")
-        name = type(owner).__name__ if owner is not None else ""
-        if name == "PartitionRecords" and frame.f_code.co_name in ("_unpack_records", "__next__"):
-            found = getattr(owner, "_tp", None) or found
-        elif name == "FetchResult" and frame.f_code.co_name in ("getall", "getone"):
-            found = getattr(owner, "_topic_partition", None) or found
-        tb = tb.tb_next
-    return found
+    aiokafka's errors do not carry the partition; :func:`streamsched.kafka.compat.failed_partition`
+    finds it in the traceback's decoding frames."""
+    return compat.failed_partition(exc)
 
 
 class UndecodableBatch(StreamschedError):

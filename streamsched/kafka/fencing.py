@@ -1,7 +1,8 @@
 """What a fenced aiokafka producer leaves behind: telling fencing apart, and cleaning up.
 
 Kept beside the owner runtime (:mod:`streamsched.kafka.owner`) because both concern aiokafka
-0.14's transaction internals, read defensively (a missing attribute is skipped, never raised):
+0.14's transaction internals, read through :mod:`streamsched.kafka.compat` defensively (a missing
+attribute is skipped, never raised):
 
 * fencing shows up as ``ProducerFenced``, or wrapped by a caller's error, or only in the
   transaction manager's state (a later call on a fenced producer fails with an unrelated
@@ -19,6 +20,8 @@ import asyncio
 from typing import Any
 
 from streamsched.errors import FencedOut
+from streamsched.kafka import compat
+from streamsched.kafka.protocols import Producer
 
 
 def retrieve(fut: asyncio.Future[Any]) -> None:
@@ -46,38 +49,31 @@ def is_fenced(exc: BaseException) -> bool:
     return False
 
 
-def producer_fenced(producer: Any) -> bool:
+def producer_fenced(producer: Producer | None) -> bool:
     """Whether aiokafka's transaction manager of ``producer`` ended fenced (a later call on a
     fenced producer fails with an unrelated ``AssertionError`` about its state)."""
-    waiter = getattr(getattr(producer, "_txn_manager", None), "_transaction_waiter", None)
+    waiter = compat.transaction_waiter(producer)
     return (isinstance(waiter, asyncio.Future) and waiter.done() and not waiter.cancelled()
             and isinstance(waiter.exception(), _fenced_error()))
 
 
-def settle_producer_futures(producer: Any) -> BaseException | None:
+def settle_producer_futures(producer: Producer) -> BaseException | None:
     """Retrieve the exceptions a fenced aiokafka producer leaves in its transaction futures.
 
     The transaction waiter, queued offset commits and the batches the dead sender never
     drained are failed together and awaited by nobody once the owner gave up. Returns the first
     exception found (None if none).
     """
-    txn = getattr(producer, "_txn_manager", None)
     first: BaseException | None = None
-    futures: list[Any] = [getattr(txn, "_transaction_waiter", None), getattr(txn, "_pid_waiter", None)]
-    futures += [f for *_, f in getattr(txn, "_pending_txn_offsets", ())]
-    # Batches the dead sender never drained keep a failed "drained" waiter nobody awaits.
-    acc = getattr(producer, "_message_accumulator", None)
-    batches = [b for queue in getattr(acc, "_batches", {}).values() for b in queue]
-    batches += list(getattr(acc, "_pending_batches", ()))
-    futures += [getattr(b, name, None) for b in batches for name in ("_drain_waiter", "future")]
-    for fut in futures:
-        if isinstance(fut, asyncio.Future) and fut.done() and not fut.cancelled():
+    # Batches the dead sender never drained keep a failed "drained" waiter nobody awaits too.
+    for fut in compat.producer_futures(producer):
+        if fut.done() and not fut.cancelled():
             exc = fut.exception()
             first = first or exc
     return first
 
 
-def settle_sends(producer: Any) -> None:
+def settle_sends(producer: Producer) -> None:
     """Mark the result futures of ``producer``'s sends as retrieved once they fail.
 
     When a fenced producer fails a transaction, every batch future of it fails together; the

@@ -26,13 +26,15 @@ identity bounds raises :class:`~streamsched.errors.BoundExceeded` or
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from streamsched.errors import DecodeError, StreamschedError
 from streamsched.kafka import clients
+from streamsched.kafka.protocols import Producer as KafkaProducer
+from streamsched.kafka.protocols import SentRecord
 from streamsched.kafka.writer import partition_for_key
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import route_key
@@ -87,7 +89,7 @@ class Producer:
     def __init__(self, conn: clients.Conn, **options: Any) -> None:
         self._conn = clients.connection(conn)
         self._options = options
-        self._producer: Any = None
+        self._producer: KafkaProducer | None = None
         self._submitting = asyncio.Lock()
         """One ``send_many`` submits its batches at a time. aiokafka's accumulator makes a batch
         for a partition wait for the previous one to drain, and its wait deducts the elapsed time
@@ -128,7 +130,7 @@ class Producer:
                         tb: TracebackType | None) -> None:
         await self.stop()
 
-    def _started(self) -> Any:
+    def _started(self) -> KafkaProducer:
         if self._producer is None:
             raise ProducerNotStarted()
         return self._producer
@@ -171,7 +173,7 @@ class Producer:
 
         # Per submitted batch: its future and (input index, offset in batch, timestamp) per record.
         Members = list[tuple[int, int, int]]
-        submitted: list[tuple[asyncio.Future[Any], Members]] = []
+        submitted: list[tuple[Awaitable[SentRecord], Members]] = []
         try:
             async with self._submitting:
                 for partition, indices in by_partition.items():
@@ -185,12 +187,14 @@ class Producer:
                                               members))
                             batch, members = producer.create_batch(), []
                             meta = batch.append(key=key, value=value, timestamp=None, headers=[])
+                            if meta is None:  # aiokafka always fits a first record: not reached
+                                raise ValueError(f"a record for {topic} does not fit an empty batch")
                         members.append((i, meta.offset, meta.timestamp))
                     submitted.append((await producer.send_batch(batch, topic, partition=partition), members))
         finally:
             # Even when submitting fails, wait for what was submitted so no error goes unobserved.
             results = await asyncio.gather(*(f for f, _ in submitted), return_exceptions=True)
-        acks: list[Any] = []
+        acks: list[SentRecord] = []
         for result in results:
             if isinstance(result, BaseException):
                 raise result

@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from streamsched.errors import BoundExceeded, ConfigError
-from streamsched.kafka import clients
+from streamsched.kafka import clients, compat
+from streamsched.kafka.protocols import ConsumerRecord
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ async def group_lag(bootstrap: clients.Conn, group: str, topic: str) -> Lag:
     try:
         parts = consumer.partitions_for_topic(topic)
         if not parts:
-            await consumer._client.force_metadata_update()
+            await compat.refresh_metadata(consumer)
             parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         end = await consumer.end_offsets(tps)
@@ -58,7 +59,7 @@ async def group_lag(bootstrap: clients.Conn, group: str, topic: str) -> Lag:
 
 async def read_topic(bootstrap: clients.Conn, topic: str, *, timeout_s: float = 60.0,
                      max_records: int = MAX_READ_RECORDS,
-                     read_committed: Literal[True] = True) -> list[Any]:
+                     read_committed: Literal[True] = True) -> list[ConsumerRecord]:
     """Every record of ``topic`` from the beginning to its current end.
 
     Raises :class:`BoundExceeded` (bound ``records read from <topic>``) rather than return more
@@ -71,9 +72,9 @@ async def read_topic(bootstrap: clients.Conn, topic: str, *, timeout_s: float = 
         raise ConfigError("reads are always read_committed")
     consumer = clients.consumer(bootstrap)
     await consumer.start()
-    out: list[Any] = []
+    out: list[ConsumerRecord] = []
     try:
-        await consumer._client.force_metadata_update()
+        await compat.refresh_metadata(consumer)
         parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         if not tps:
@@ -98,7 +99,7 @@ async def read_topic(bootstrap: clients.Conn, topic: str, *, timeout_s: float = 
 
 
 async def read_partition(bootstrap: clients.Conn, topic: str, partition: int, *, start: int | None = None,
-                         timeout_s: float = 120.0) -> tuple[list[Any], int]:
+                         timeout_s: float = 120.0) -> tuple[list[ConsumerRecord], int]:
     """Records of ``topic[partition]`` from ``start`` (default: the beginning) to its last
     stable offset, and that end offset: a changelog restore under read_committed."""
     from aiokafka import TopicPartition
@@ -106,7 +107,7 @@ async def read_partition(bootstrap: clients.Conn, topic: str, partition: int, *,
     tp = TopicPartition(topic, partition)
     consumer = clients.consumer(bootstrap, max_partition_fetch_bytes=4 * 1024 * 1024)
     await consumer.start()
-    out: list[Any] = []
+    out: list[ConsumerRecord] = []
     try:
         consumer.assign([tp])
         if start is None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from streamsched.errors import TransactionStuck
+from streamsched.kafka.protocols import TransactionalProducer
 from streamsched.metrics import Metrics
 
 TXN_DEADLINE_S = 60.0
@@ -42,7 +42,7 @@ for AddPartitionsToTxn) uses for the same condition. Measured (150,000 Kafka-nat
 partitions, one 4.4.0 broker, 2 cores): drained in 23.6-24.1 s at 10-20 ms, 25.4-27.0 s at 100."""
 
 
-async def transaction(producer: Any, body: Callable[[], Awaitable[None]], *,
+async def transaction(producer: TransactionalProducer, body: Callable[[], Awaitable[None]], *,
                       deadline_s: float = TXN_DEADLINE_S, on_abort: Callable[[], None] | None = None,
                       metrics: Metrics | None = None, what: str = "a transaction") -> None:
     """Begin, ``await body()`` (the writes), commit. On any failure ``on_abort()`` (drop what

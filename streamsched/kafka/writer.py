@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Any
+from collections.abc import Awaitable
 
 # Kafka's default partitioner (murmur2), as the Java client and aiokafka compute it; re-exported
 # here for the callers that partition what they write (no wrapper: it runs per record).
+from streamsched.kafka.protocols import Producer, SentRecord
 from streamsched.wire.partitioner import partition_for_key as partition_for_key
 
 Header = tuple[str, bytes]
@@ -26,7 +27,7 @@ class GroupedWriter:
 
     __slots__ = ("_counts", "_pending", "producer")
 
-    def __init__(self, producer: Any) -> None:
+    def __init__(self, producer: Producer) -> None:
         self.producer = producer
         self._pending: dict[tuple[str, int | None], list[Record]] = defaultdict(list)
         self._counts: dict[str, int] = {}
@@ -60,7 +61,7 @@ class GroupedWriter:
                 by_tp[(topic, partition_for_key(rec[0] if rec[0] is not None else (rec[1] or b"")[:64], n))
                       ].append(rec)
         self._pending.clear()
-        futures = []
+        futures: list[Awaitable[SentRecord]] = []
         p = self.producer
         for (topic, partition), records in by_tp.items():
             batch = p.create_batch()

@@ -219,7 +219,7 @@ async def apply(conn: clients.Conn, acls: Iterable[Acl]) -> int:
     from aiokafka.errors import for_code
     from aiokafka.protocol.admin import CreateAclsRequest
 
-    from streamsched.kafka import clients
+    from streamsched.kafka import clients, compat
 
     acls = sorted(set(acls))
     admin = clients.admin(conn)
@@ -229,7 +229,7 @@ async def apply(conn: clients.Conn, acls: Iterable[Acl]) -> int:
             request = CreateAclsRequest(RESOURCE_TYPES[a.resource_type], a.resource_name,
                                         PATTERN_TYPES[a.pattern_type], a.principal, a.host,
                                         OPERATIONS[a.operation], PERMISSIONS[a.permission])
-            response = await admin._send_request(request)
+            response = await compat.send_request(admin, request)
             for code, _message in response.creation_responses:
                 if code:
                     raise AclError(f"the broker refused to create an ACL ({for_code(code).__name__})")
@@ -243,7 +243,7 @@ async def describe(conn: clients.Conn, principal: str | None = None) -> list[Acl
     from aiokafka.errors import for_code
     from aiokafka.protocol.admin import DescribeAclsRequest
 
-    from streamsched.kafka import clients
+    from streamsched.kafka import clients, compat
 
     codes = {v: k for k, v in RESOURCE_TYPES.items()}
     patterns = {v: k for k, v in PATTERN_TYPES.items()}
@@ -256,7 +256,7 @@ async def describe(conn: clients.Conn, principal: str | None = None) -> list[Acl
         request = DescribeAclsRequest(RESOURCE_TYPES["ANY"], None, PATTERN_TYPES["ANY"],
                                       principal_of(principal) if principal else None, None,
                                       OPERATIONS["ANY"], PERMISSIONS["ANY"])
-        response: Any = await admin._send_request(request)
+        response: Any = await compat.send_request(admin, request)
     finally:
         await admin.close()
     if response.error_code:

@@ -57,13 +57,20 @@ import asyncio
 import datetime as _dt
 import json
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from streamsched.errors import ConfigError, InvalidName
 from streamsched.kafka import clients
 from streamsched.kafka.admin import described_partition_counts
+from streamsched.kafka.protocols import (
+    ConsumerRecord,
+    GroupConsumer,
+    Producer,
+    SentRecord,
+    TopicPartitionLike,
+)
 from streamsched.model.limits import MAX_DEAD_LETTER_BYTES, check_range
 from streamsched.model.names import validate_name
 from streamsched.wire.dead_letter import (
@@ -139,12 +146,13 @@ async def _partition_count(admin: Any, topic: str) -> int | None:
     return (await described_partition_counts(admin, [topic])).get(topic)
 
 
-def _consumer(bootstrap: clients.Conn, group: str | None) -> Any:
+def _consumer(bootstrap: clients.Conn, group: str | None) -> GroupConsumer:
 
     return clients.consumer(bootstrap, group_id=group, max_partition_fetch_bytes=1024 * 1024)
 
 
-async def _pages(consumer: Any, tp: Any, end: int, page: int) -> AsyncIterator[list[Any]]:
+async def _pages(consumer: GroupConsumer, tp: TopicPartitionLike, end: int,
+                 page: int) -> AsyncIterator[list[ConsumerRecord]]:
     """Pages of at most ``page`` records of ``tp`` below ``end`` (the caller has sought)."""
     deadline = time.monotonic() + IDLE_TIMEOUT_S
     while await consumer.position(tp) < end:
@@ -303,8 +311,8 @@ async def replay(bootstrap: clients.Conn, dlq_topic: str, *, kinds: set[str] | N
     group = replay_group(dlq_topic)
     admin = clients.admin(bootstrap)
     await admin.start()
-    consumer: Any = None
-    producer: Any = None
+    consumer: GroupConsumer | None = None
+    producer: Producer | None = None
     try:
         n = await _partition_count(admin, dlq_topic)
         if n is None:
@@ -333,7 +341,8 @@ async def replay(bootstrap: clients.Conn, dlq_topic: str, *, kinds: set[str] | N
         await admin.close()
 
 
-async def _replay_partition(admin: Any, consumer: Any, producer: Any, tp: Any, committed: Any,
+async def _replay_partition(admin: Any, consumer: GroupConsumer, producer: Producer | None,
+                            tp: TopicPartitionLike, committed: Any,
                             kinds: set[str] | None, limit: int, report: ReplayReport,
                             partitions: dict[str, int | None]) -> None:
     consumer.assign([tp])
@@ -380,8 +389,8 @@ async def _replay_partition(admin: Any, consumer: Any, producer: Any, tp: Any, c
     await commit()
 
 
-async def _decide(admin: Any, producer: Any, view: DeadLetterView, prog: _Progress,
-                  report: ReplayReport, partitions: dict[str, int | None]) -> Any:
+async def _decide(admin: Any, producer: Producer | None, view: DeadLetterView, prog: _Progress,
+                  report: ReplayReport, partitions: dict[str, int | None]) -> Awaitable[SentRecord] | None:
     """Replay, skip or leave pending one dead letter; returns the send future, if any."""
     kind = view.kind
     if kind == CORRUPT:

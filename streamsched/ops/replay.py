@@ -25,10 +25,11 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 from streamsched.errors import ConfigError, StreamschedError
-from streamsched.kafka import clients
+from streamsched.kafka import clients, compat
+from streamsched.kafka.protocols import GroupConsumer, OffsetTimestamp, PartitionKey
 
 _LIVE_STATES = frozenset({"Stable", "PreparingRebalance", "CompletingRebalance", "Assigning", "Reconciling"})
 
@@ -189,15 +190,15 @@ async def _refuse_if_live(bootstrap: clients.Conn, group: str) -> None:
         raise ReplayRefused(group, members, state)
 
 
-async def _partitions(consumer: Any, topic: str) -> set[int]:
+async def _partitions(consumer: GroupConsumer, topic: str) -> set[int]:
     parts = consumer.partitions_for_topic(topic)
     if not parts:
-        await consumer._client.force_metadata_update()
+        await compat.refresh_metadata(consumer)
         parts = consumer.partitions_for_topic(topic)
     return set(parts or ())
 
 
-async def _plan(consumer: Any, group: str, topic: str, target: Target) -> ReplayPlan:
+async def _plan(consumer: GroupConsumer, group: str, topic: str, target: Target) -> ReplayPlan:
     from aiokafka import TopicPartition
 
     parts = await _partitions(consumer, topic)
@@ -210,8 +211,9 @@ async def _plan(consumer: Any, group: str, topic: str, target: Target) -> Replay
     tps = [TopicPartition(topic, p) for p in chosen]
     begin = await consumer.beginning_offsets(tps)
     end = await consumer.end_offsets(tps)
-    found: dict[Any, Any] = {}
+    found: Mapping[PartitionKey, OffsetTimestamp | None] = {}
     if target.kind == "time":
+        assert target.time_ms is not None  # a time target carries its time
         found = await consumer.offsets_for_times({tp: target.time_ms for tp in tps})
     out = []
     for tp in tps:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_count
+from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.kafka.writer import partition_for_key
 from streamsched.model.durations import parse_duration
 from streamsched.ops.replay import Target, plan_reset
@@ -151,7 +152,7 @@ def horizon_from_env() -> float:
     return parse_duration(raw) if raw else HORIZON_DEFAULT_S
 
 
-async def _account(report: VerifyReport, s: SchedulerDef, rec: Any, partitions: int, state_of: Any,
+async def _account(report: VerifyReport, s: SchedulerDef, rec: ConsumerRecord, partitions: int, state_of: Any,
                    cutoff_ns: int) -> None:
     """Count one record as the worker's select step classifies it (streamsched.worker.selection)."""
     report.records += 1
@@ -169,6 +170,7 @@ async def _account(report: VerifyReport, s: SchedulerDef, rec: Any, partitions: 
         report.not_selected += 1
         return
     identity = item.identity
+    assert rec.key is not None  # selected: classify checked that its key is the route key
     home = partition_for_key(rec.key, partitions)
     if home != rec.partition:
         report.forwarded += 1  # the worker forwards it; it executes (or not) on its home partition
@@ -183,7 +185,7 @@ async def _account(report: VerifyReport, s: SchedulerDef, rec: Any, partitions: 
 
 
 async def _records(bootstrap: clients.Conn, topic: str, start: dict[int, int], end: dict[int, int],
-                   meter: tqdm[NoReturn], *, timeout_s: float = 600.0) -> AsyncIterator[Any]:
+                   meter: tqdm[NoReturn], *, timeout_s: float = 600.0) -> AsyncIterator[ConsumerRecord]:
     """Records of ``topic`` from ``start`` to ``end`` per partition (read_committed, no group)."""
     from aiokafka import TopicPartition
 

@@ -41,7 +41,7 @@ restart to ready 0.60-0.69 s.
 
 Why one module above ~400 lines: the trust rules (header, checkpoint, staged counting) and the
 reads/writes they guard are one invariant; the engine tuning already lives in
-:mod:`streamsched.worker.rocksenv` and the restore stream in :mod:`streamsched.worker.changelog`.
+:mod:`streamsched.worker.rocksenv` and the restore stream in :mod:`streamsched.kafka.changelog`.
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ from typing import Any, TypeVar
 
 from streamsched.errors import DecodeError
 from streamsched.kafka import clients
+from streamsched.kafka.changelog import Bounds, PartitionReader, TopicIdentity
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import CLAIM_PREFIX, decode_claim, encode_claim, resolved_at
-from streamsched.worker.changelog import Bounds, PartitionReader, TopicIdentity
 from streamsched.worker.progress import Progress
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.statebase import FLOOR_IDENTITY, FLOOR_KEY, HORIZON_DEFAULT_S, StateBase

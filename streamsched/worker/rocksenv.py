@@ -40,7 +40,7 @@ from typing import Any
 
 from streamsched.errors import ConfigError
 from streamsched.kafka import clients
-from streamsched.worker.changelog import TopicIdentity, describe
+from streamsched.kafka.changelog import TopicIdentity, describe
 
 
 class StoreEnv:

@@ -5,7 +5,7 @@ The state topic is co-partitioned with the transition topic: claims for items of
 partition ``p`` live in state partition ``p``. Recovery reads that partition to its end under
 ``read_committed`` (the end is then the last stable offset), so aborted writes of a fenced owner
 are never seen and the latest committed snapshot of each identity wins. It streams the partition
-in pages (:mod:`streamsched.worker.changelog`), never holding it whole.
+in pages (:mod:`streamsched.kafka.changelog`), never holding it whole.
 
 Two stores implement the interface the turn uses, :class:`~streamsched.worker.statebase.StateBase`
 (where the outcome horizon and the fence floor are defined): :class:`PartitionState` here keeps
@@ -142,7 +142,7 @@ async def restore(conn: clients.Conn, topic: str, partition: int, *, horizon_s: 
                   metrics: Metrics | None = None, timeout_s: float = 60.0) -> PartitionState:
     """Read ``topic[partition]`` to its end, a page at a time, into a :class:`PartitionState`
     (``timeout_s``: the longest the read may stall without progress)."""
-    from streamsched.worker.changelog import PartitionReader
+    from streamsched.kafka.changelog import PartitionReader
 
     state = PartitionState(partition, horizon_s=horizon_s)
     async with PartitionReader(conn, topic, partition, stall_s=timeout_s) as reader:

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamsched.errors import ConfigError
+from streamsched.kafka.changelog import Bounds, TopicIdentity
 from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
 from streamsched.wire.claim import encode_claim, resolved_at
-from streamsched.worker.changelog import Bounds, TopicIdentity
 from streamsched.worker.claimstore import ClaimStore
 from streamsched.worker.progress import Progress
 from streamsched.worker.rocksenv import StoreEnv
@@ -306,7 +306,7 @@ async def test_a_transient_metadata_error_does_not_make_a_store_look_like_anothe
 
     from aiokafka.errors import LeaderNotAvailableError, RequestTimedOutError, UnsupportedVersionError
 
-    from streamsched.worker import changelog
+    from streamsched.kafka import changelog
     from streamsched.worker.claimstore import FORMAT
 
     monkeypatch.setattr(changelog.asyncio, "sleep", _no_sleep)

@@ -1,24 +1,25 @@
-"""Reading a state partition as a changelog: its identity, its bounds, and its records in pages.
+"""Reading a partition as a changelog: its topic's identity, its bounds, and its records in pages.
 
-A local claim store (:mod:`streamsched.worker.claimstore`) is only a cache of the compacted state
-topic. To decide whether a store on disk may be trusted it must know *which* log it reflects, so
-this module answers three questions about a state topic:
+A local store fed by a compacted topic (the worker's claim store) is only a cache of it. To decide
+whether a store on disk may be trusted it must know *which* log it reflects, so this module
+answers three questions about a topic:
 
 * **identity**: the cluster id and the topic id. A topic that was deleted and created again under
   the same name gets a new topic id, and a different cluster has a different cluster id; either
   way the offsets a store remembers mean nothing there. aiokafka 0.14 speaks Metadata only up to
-  v5 (no topic ids), so :class:`_TopicIdRequest` sends a flexible Metadata v10 itself (Kafka 2.8+;
-  against an older broker neither the store nor the cluster has a topic id and the offset checks
-  below decide). The request is asked again while it fails transiently; an id the cluster has
-  but cannot tell right now makes a local store untrusted (a cold restore, never a wrong one);
+  v5 (no topic ids), so a flexible Metadata v10 is sent through :mod:`streamsched.kafka.compat`
+  (Kafka 2.8+; against an older broker neither the store nor the cluster has a topic id and the
+  offset checks decide). The request is asked again while it fails transiently; an id the
+  cluster has but cannot tell right now is None, so a store is not trusted (a cold restore,
+  never a wrong one);
 * **delete.retention.ms**: how long the broker keeps a tombstone after compaction reached it.
   A store older than that may hold an identity whose tombstone the log no longer shows;
 * **bounds**: the first offset (low watermark) and the end (last stable offset, read_committed).
 
-:func:`pages` streams a partition from an offset to its end, a bounded page at a time, so a
-restore never holds the whole partition: the caller applies each page and lets it go. A restore
-has no total deadline (a big partition takes as long as it takes); it fails only when the
-position stops advancing for ``stall_s``, and a retry resumes from the store's checkpoint.
+:meth:`PartitionReader.pages` streams a partition from an offset to its end, a bounded page at a
+time, so a restore never holds the whole partition: the caller applies each page and lets it go.
+A restore has no total deadline (a big partition takes as long as it takes); it fails only when
+the position stops advancing for ``stall_s``, and a retry resumes from the store's checkpoint.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from io import BytesIO
 from typing import Any
 
-from streamsched.kafka import clients
+from streamsched.kafka import clients, compat
 from streamsched.kafka.admin import describe_configs
+from streamsched.kafka.protocols import ConsumerRecord
 
 log = logging.getLogger(__name__)
 
@@ -62,76 +63,6 @@ class Bounds:
     end: int
 
 
-def _topic_id_request(topics: list[str]) -> Any:
-    """A Metadata v10 request for ``topics`` (built lazily: importing this module needs no aiokafka)."""
-    from aiokafka.protocol.abstract import AbstractType
-    from aiokafka.protocol.api import Request, RequestStruct, Response
-    from aiokafka.protocol.types import (
-        Boolean,
-        CompactArray,
-        CompactString,
-        Int16,
-        Int32,
-        Schema,
-        TaggedFields,
-    )
-
-    class Uuid(AbstractType[bytes]):  # type: ignore[misc]
-        @classmethod
-        def encode(cls, value: bytes) -> bytes:
-            return bytes(value)
-
-        @classmethod
-        def decode(cls, data: BytesIO) -> bytes:
-            raw = data.read(16)
-            if len(raw) != 16:
-                raise ValueError("buffer underrun decoding a uuid")
-            return raw
-
-    def text() -> Any:
-        return CompactString("utf-8")
-
-    class MetadataResponse_v10(Response):  # type: ignore[misc]
-        API_KEY = 3
-        API_VERSION = 10
-        SCHEMA = Schema(
-            ("throttle_time_ms", Int32),
-            ("brokers", CompactArray(("node_id", Int32), ("host", text()), ("port", Int32),
-                                     ("rack", text()), ("tags", TaggedFields))),
-            ("cluster_id", text()),
-            ("controller_id", Int32),
-            ("topics", CompactArray(
-                ("error_code", Int16), ("name", text()), ("topic_id", Uuid), ("is_internal", Boolean),
-                ("partitions", CompactArray(
-                    ("error_code", Int16), ("partition_index", Int32), ("leader_id", Int32),
-                    ("leader_epoch", Int32), ("replica_nodes", CompactArray(Int32)),
-                    ("isr_nodes", CompactArray(Int32)), ("offline_replicas", CompactArray(Int32)),
-                    ("tags", TaggedFields))),
-                ("topic_authorized_operations", Int32), ("tags", TaggedFields))),
-            ("cluster_authorized_operations", Int32),
-            ("tags", TaggedFields))
-
-    class MetadataRequest_v10(RequestStruct):  # type: ignore[misc]
-        FLEXIBLE_VERSION = True
-        API_KEY = 3
-        API_VERSION = 10
-        RESPONSE_TYPE = MetadataResponse_v10
-        SCHEMA = Schema(
-            ("topics", CompactArray(("topic_id", Uuid), ("name", text()), ("tags", TaggedFields))),
-            ("allow_auto_topic_creation", Boolean),
-            ("include_cluster_authorized_operations", Boolean),
-            ("include_topic_authorized_operations", Boolean),
-            ("tags", TaggedFields))
-
-    class TopicIdRequest(Request[MetadataRequest_v10]):  # type: ignore[misc]
-        API_KEY = 3
-
-        def build(self, request_struct_class: Any) -> Any:
-            return request_struct_class([(bytes(16), t, {}) for t in topics], False, False, False, {})
-
-    return TopicIdRequest()
-
-
 IDENTITY_ATTEMPTS = 5
 """Tries of the topic-id request before its identity counts as unknown (a transient error, a
 leader election, must not make a good local store look like another topic's)."""
@@ -142,8 +73,8 @@ IDENTITY_TIMEOUT_S = 10.0
 async def _identity(admin: Any, topic: str) -> tuple[str | None, str | None]:
     """``(cluster_id, topic_id)`` of ``topic``, asked again while the failure is retriable.
 
-    An id that stays unknown is None: :meth:`ClaimStore.distrust` then does not trust a local
-    store (a cold restore: slower, never wrong)."""
+    An id that stays unknown is None: a caller then does not trust a local store of the topic
+    (a cold restore: slower, never wrong)."""
     from aiokafka.errors import KafkaError, for_code
 
     cluster_id: str | None = None
@@ -154,7 +85,7 @@ async def _identity(admin: Any, topic: str) -> tuple[str | None, str | None]:
             for attempt in range(1, IDENTITY_ATTEMPTS + 1):
                 retry = False
                 try:
-                    resp = await admin._send_request(_topic_id_request([topic]))
+                    resp = await compat.send_request(admin, compat.topic_id_request([topic]))
                     cluster_id = resp.cluster_id or cluster_id
                     codes = [(code, raw) for code, name, raw, *_ in resp.topics if name == topic]
                     for code, raw in codes:
@@ -222,7 +153,7 @@ class PartitionReader:
         return Bounds(int(begin), int(end))
 
     async def pages(self, start: int, end: int, *,
-                    page_records: int = PAGE_RECORDS) -> AsyncIterator[tuple[list[Any], int]]:
+                    page_records: int = PAGE_RECORDS) -> AsyncIterator[tuple[list[ConsumerRecord], int]]:
         """``(records, position)`` pages from ``start`` until the position reaches ``end``.
 
         ``position`` is where the next page starts (past control records and aborted data,
@@ -234,7 +165,7 @@ class PartitionReader:
         progressed = time.monotonic()
         while position < end:
             batch = await consumer.getmany(tp, timeout_ms=500, max_records=page_records)
-            records = batch.get(tp, [])
+            records = list(batch.get(tp, ()))
             now = await consumer.position(tp)
             if now > position:
                 position, progressed = now, time.monotonic()

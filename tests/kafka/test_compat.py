@@ -1,0 +1,335 @@
+"""Pins of every aiokafka internal :mod:`streamsched.kafka.compat` relies on, and of the Protocols.
+
+No broker: each test reads aiokafka's classes (existence, callability, signature, the source line
+that makes a patch effective) or drives the internal on objects built in memory. A new aiokafka
+that renames or reshapes one of them fails here first, with a message naming the compat function
+that must change, rather than as a stalled partition or a lost fencing signal in production.
+The last tests keep private aiokafka uses inside compat.py and hold aiokafka's public classes
+to the Protocols the package is typed with (mypy cannot: aiokafka ships no types).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import io
+import re
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiokafka
+import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient
+from aiokafka.conn import AIOKafkaConnection
+from aiokafka.consumer.fetcher import Fetcher, FetchResult, PartitionRecords
+from aiokafka.consumer.subscription_state import SubscriptionState
+from aiokafka.errors import KafkaError, NotLeaderForPartitionError
+from aiokafka.producer.message_accumulator import BatchBuilder, MessageAccumulator, MessageBatch
+from aiokafka.producer.transaction_manager import TransactionManager
+from aiokafka.record.memory_records import MemoryRecords
+
+from streamsched.kafka import clients, compat, protocols
+
+PACKAGE = Path(__file__).resolve().parents[2] / "streamsched"
+
+
+def _changed(what: str, user: str) -> str:
+    return (f"aiokafka {aiokafka.__version__} changed {what}, which streamsched.kafka.compat.{user} "
+            f"relies on (read from aiokafka {compat.AIOKAFKA_RANGE}): adapt compat.{user}")
+
+
+def _method(cls: type, name: str, params: list[str], user: str, *, coroutine: bool) -> None:
+    """``cls.name`` exists, is (a)sync as relied on, and takes ``params`` in that order after self."""
+    fn = inspect.getattr_static(cls, name, None)
+    assert fn is not None and callable(fn), _changed(f"{cls.__name__}.{name} (gone)", user)
+    assert inspect.iscoroutinefunction(fn) == coroutine, _changed(f"{cls.__name__}.{name} (async-ness)", user)
+    got = [p for p in inspect.signature(fn).parameters if p != "self"][:len(params)]
+    assert got == params, _changed(f"{cls.__name__}.{name} signature: {got} != {params}", user)
+
+
+def _assigns(func: Callable[..., Any], attr: str, user: str) -> None:
+    """``func``'s source assigns ``self.<attr>`` (instance attributes only exist once built)."""
+    src = inspect.getsource(func)
+    assert re.search(rf"self\.{attr}\s*(:[^=]*)?=", src), \
+        _changed(f"{func.__qualname__} (no self.{attr})", user)
+
+
+async def test_client_of_finds_the_client_of_consumers_producers_and_admins() -> None:
+    consumer = clients.consumer("127.0.0.1:1")
+    producer = clients.producer("127.0.0.1:1")
+    admin = clients.admin("127.0.0.1:1")
+    try:
+        for built in (consumer, producer, admin):
+            assert isinstance(compat.client_of(built), AIOKafkaClient), \
+                _changed(f"where {type(built).__mro__[1].__name__} keeps its client", "client_of")
+    finally:
+        await consumer.stop()
+        await producer.stop()
+        await admin.close()
+    _method(AIOKafkaClient, "force_metadata_update", [], "refresh_metadata", coroutine=False)
+
+
+async def test_refresh_metadata_awaits_the_forced_update() -> None:
+    loop = asyncio.get_running_loop()
+    asked: list[bool] = []
+
+    def force() -> asyncio.Future[bool]:
+        asked.append(True)
+        fut: asyncio.Future[bool] = loop.create_future()
+        fut.set_result(True)
+        return fut
+
+    await compat.refresh_metadata(SimpleNamespace(_client=SimpleNamespace(force_metadata_update=force)))
+    assert asked == [True]
+    with pytest.raises(RuntimeError, match="no client"):
+        await compat.refresh_metadata(object())
+
+
+def test_send_request_reaches_the_admin_clients_private_sender() -> None:
+    _method(AIOKafkaAdminClient, "_send_request", ["request", "node_id"], "send_request", coroutine=True)
+    node_id = inspect.signature(AIOKafkaAdminClient._send_request).parameters["node_id"]
+    assert node_id.default is None, _changed("AIOKafkaAdminClient._send_request (node_id required)",
+                                             "send_request")
+    _assigns(AIOKafkaAdminClient.__init__, "_client", "client_of")
+
+
+def test_broker_api_versions_reads_each_connections_negotiated_versions() -> None:
+    _method(AIOKafkaClient, "_get_conn", ["node_id"], "broker_api_versions", coroutine=True)
+    _assigns(AIOKafkaConnection.__init__, "_versions", "broker_api_versions")
+    _assigns(AIOKafkaClient.__init__, "cluster", "broker_api_versions")
+
+
+async def test_broker_api_versions_answers_from_the_first_broker_that_has_them() -> None:
+    conns = {1: SimpleNamespace(_versions={}), 2: SimpleNamespace(_versions={3: (0, 12), 18: (0, 4)})}
+
+    async def get_conn(node_id: int) -> object:
+        return conns[node_id]
+
+    cluster = SimpleNamespace(brokers=lambda: [SimpleNamespace(nodeId=2), SimpleNamespace(nodeId=1)])
+    client = SimpleNamespace(cluster=cluster, _get_conn=get_conn)
+    assert await compat.broker_api_versions(client) == {3: (0, 12), 18: (0, 4)}
+    assert await compat.broker_api_versions(SimpleNamespace()) is None  # internals gone: no check
+
+
+def test_the_offset_lookup_hook_wraps_the_call_the_fetcher_makes() -> None:
+    _method(Fetcher, "_proc_offset_request", ["node_id", "topic_data"], "on_offset_lookup_error",
+            coroutine=True)
+    # The instance attribute only takes effect because the fetcher looks the method up on self.
+    src = inspect.getsource(Fetcher)
+    assert "self._proc_offset_request(" in src, \
+        _changed("how Fetcher calls _proc_offset_request", "on_offset_lookup_error")
+    _assigns(aiokafka.AIOKafkaConsumer.start, "_fetcher", "on_offset_lookup_error")
+
+
+async def test_the_offset_lookup_hook_runs_on_a_kafka_error_and_reraises() -> None:
+    calls: list[str] = []
+
+    async def lookup(node_id: int, topic_data: object) -> str:
+        if node_id == 1:
+            raise NotLeaderForPartitionError()
+        return "offsets"
+
+    consumer = SimpleNamespace(_fetcher=SimpleNamespace(_proc_offset_request=lookup))
+    assert compat.on_offset_lookup_error(consumer, lambda: calls.append("refresh"))
+    assert await consumer._fetcher._proc_offset_request(2, {}) == "offsets" and calls == []
+    with pytest.raises(KafkaError):
+        await consumer._fetcher._proc_offset_request(1, {})
+    assert calls == ["refresh"]
+    assert not compat.on_offset_lookup_error(SimpleNamespace(), lambda: None)  # a different aiokafka
+
+
+async def test_position_now_reads_the_subscription_state_without_waiting() -> None:
+    _assigns(aiokafka.AIOKafkaConsumer.__init__, "_subscription", "position_now")
+    tp = TopicPartition("t", 0)
+    state = SubscriptionState()
+    consumer = SimpleNamespace(_subscription=state)
+    assert compat.position_now(consumer, tp) is None  # nothing assigned
+    state.assign_from_user({tp})
+    assert compat.position_now(consumer, tp) is None  # assigned, no position yet
+    state.seek(tp, 5)
+    assert compat.position_now(consumer, tp) == 5
+
+
+async def test_forget_topic_replaces_the_clients_topic_set_but_never_empties_it() -> None:
+    _assigns(AIOKafkaClient.__init__, "_topics", "forget_topic")
+    # The periodic metadata request asks for the topics in that set.
+    assert "topics = self._topics" in inspect.getsource(AIOKafkaClient._md_synchronizer), \
+        _changed("which topics AIOKafkaClient's metadata refresh asks for", "forget_topic")
+    producer = clients.producer("127.0.0.1:1")
+    try:
+        assert isinstance(producer.client._topics, set), _changed("AIOKafkaClient._topics (not a set)",
+                                                                  "forget_topic")
+        producer.client._topics = {"a", "b"}
+        compat.forget_topic(producer, "a")
+        assert producer.client._topics == {"b"}
+        compat.forget_topic(producer, "b")
+        assert producer.client._topics == {"b"}  # empty would mean "every topic"
+    finally:
+        await producer.stop()
+
+
+async def test_producer_futures_finds_the_transaction_and_batch_futures() -> None:
+    _assigns(AIOKafkaProducer.__init__, "_txn_manager", "producer_futures")
+    _assigns(AIOKafkaProducer.__init__, "_message_accumulator", "producer_futures")
+    for attr in ("_transaction_waiter", "_pid_waiter", "_pending_txn_offsets"):
+        _assigns(TransactionManager.__init__, attr, "producer_futures")
+    for attr in ("_batches", "_pending_batches"):
+        _assigns(MessageAccumulator.__init__, attr, "producer_futures")
+    for attr in ("_drain_waiter", "future"):
+        _assigns(MessageBatch.__init__, attr, "producer_futures")
+    # Queued offset commits end with their future (the tuple shape settle reads).
+    src = inspect.getsource(TransactionManager)
+    assert "for _, _, fut in self._pending_txn_offsets" in src, \
+        _changed("TransactionManager._pending_txn_offsets entries", "producer_futures")
+
+    producer = clients.transactional_producer("127.0.0.1:1", "tx-compat")
+    try:
+        txn = producer._txn_manager
+        assert compat.transaction_waiter(producer) is txn._transaction_waiter
+        assert txn._pid_waiter in compat.producer_futures(producer)
+        batch = MessageBatch(TopicPartition("t", 0), BatchBuilder(16384, 0), 30.0, 0.0)
+        producer._message_accumulator._pending_batches.add(batch)
+        found = compat.producer_futures(producer)
+        assert batch.future in found and batch._drain_waiter in found
+        producer._message_accumulator._pending_batches.clear()
+    finally:
+        await producer.stop()
+    assert compat.transaction_waiter(object()) is None and compat.producer_futures(object()) == []
+
+
+def test_failed_partition_names_the_partition_whose_batch_did_not_decode() -> None:
+    for cls, methods, attr in ((PartitionRecords, ("_unpack_records", "__next__"), "_tp"),
+                               (FetchResult, ("getall", "getone"), "_topic_partition")):
+        for name in methods:
+            assert callable(getattr(cls, name, None)), \
+                _changed(f"{cls.__name__}.{name} (gone)", "failed_partition")
+        _assigns(cls.__init__, attr, "failed_partition")
+
+    builder = BatchBuilder(16384, 0)
+    assert builder.append(timestamp=None, key=b"k", value=b"v", headers=[]) is not None
+    raw = bytearray(builder._build())
+    raw[-3] ^= 0xFF  # the record's bytes no longer match the batch CRC
+    tp = TopicPartition("t", 3)
+    records = PartitionRecords(tp, MemoryRecords(bytes(raw)), [], 0, None, None, True, 0)
+    with pytest.raises(Exception) as caught:
+        list(records)
+    assert compat.failed_partition(caught.value) == tp
+    assert compat.failed_partition(ValueError("elsewhere")) is None
+
+
+def test_the_topic_id_request_encodes_metadata_v10_and_decodes_its_answer() -> None:
+    request = compat.topic_id_request(["t"])
+    struct = request.prepare({3: (0, 12)})  # what AIOKafkaConnection.send does with a Request
+    assert (struct.API_KEY, struct.API_VERSION, struct.FLEXIBLE_VERSION) == (3, 10, True)
+    # topics: [(zero uuid, "t", no tags)], no auto-create, no authorized operations, no tags.
+    assert struct.encode() == b"\x02" + bytes(16) + b"\x02t\x00" + b"\x00\x00\x00\x00"
+    src = inspect.getsource(AIOKafkaConnection.send)
+    assert "request.prepare(self._versions)" in src, _changed("how a connection sends a Request",
+                                                              "topic_id_request")
+
+    raw_id = uuid.uuid4().bytes
+    response_type = type(struct).RESPONSE_TYPE
+    encoded = response_type(0, [(1, "h", 9092, None, {})], "cluster", 1,
+                            [(0, "t", raw_id, False, [], 0, {})], 0, {}).encode()
+    answer = response_type.decode(io.BytesIO(encoded))
+    assert answer.cluster_id == "cluster"
+    assert [(code, name, tid) for code, name, tid, *_ in answer.topics] == [(0, "t", raw_id)]
+
+
+def test_an_old_broker_without_metadata_v10_is_refused_before_sending() -> None:
+    with pytest.raises(NotImplementedError):
+        compat.topic_id_request(["t"]).prepare({3: (0, 5)})
+
+
+# --- the boundary: private uses stay in compat.py ------------------------------------------------
+
+PRIVATE_NAMES = ("_send_request", "_client", "_coordinator", "_txn_manager", "_fetcher", "_topics",
+                 r"_proc_\w+", "_subscription", "_message_accumulator", "_get_conn", "_versions",
+                 "_transaction_waiter", "_pid_waiter", "_pending_txn_offsets", "_pending_batches",
+                 "_drain_waiter", "_topic_partition", "_unpack_records")
+_NAMES = "|".join(PRIVATE_NAMES)
+PRIVATE_USE = re.compile(
+    rf"(?<![\w])(?!self\.|cls\.)\w+(?:\(\))?\.(?:{_NAMES})\b"       # obj._fetcher, obj()._client
+    rf"|[\"'](?:{_NAMES})[\"']"                                     # getattr(obj, "_fetcher")
+    r"|\b(?:from|import)\s+aiokafka(?:\.\w+)*\._\w+"                 # import aiokafka._private
+    r"|\bfrom\s+aiokafka(?:\.\w+)*\s+import\s+(?:\(\s*)?_\w+")       # from aiokafka.x import _name
+
+
+def test_private_aiokafka_attributes_are_used_only_in_compat() -> None:
+    """Best effort (``self._x`` of our own classes is allowed; an aiokafka subclass reaching into
+    its base must call compat too): the names aiokafka keeps private, as attributes or getattr
+    strings, and imports of its private modules or names."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "kafka" / "compat.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if PRIVATE_USE.search(line.split("#", 1)[0]):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{n}: {line.strip()}")
+    assert not found, "private aiokafka use outside streamsched/kafka/compat.py:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("line", [
+    "await admin._send_request(req)", "consumer._client.force_metadata_update()",
+    "getattr(producer, '_txn_manager', None)", "fetcher._proc_offset_request = f",
+    "from aiokafka.util import _private", "import aiokafka._internal",
+])
+def test_the_boundary_check_catches(line: str) -> None:
+    assert PRIVATE_USE.search(line)
+
+
+@pytest.mark.parametrize("line", ["self._topics[name] = []", "self._client = client",
+                                  "from aiokafka import TopicPartition"])
+def test_the_boundary_check_allows(line: str) -> None:
+    assert not PRIVATE_USE.search(line)
+
+
+# --- aiokafka's public classes against the Protocols --------------------------------------------
+
+def _members(proto: type) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for klass in reversed(proto.__mro__):
+        if klass is object or not getattr(klass, "_is_protocol", False):
+            continue
+        out.update({k: v for k, v in vars(klass).items() if not k.startswith("_")})
+    return out
+
+
+@pytest.mark.parametrize(("proto", "real"), [
+    (protocols.Producer, AIOKafkaProducer),
+    (protocols.TransactionalProducer, AIOKafkaProducer),
+    (protocols.GroupConsumer, clients._consumer_class()),
+    (protocols.RecordBatch, BatchBuilder),
+], ids=lambda v: getattr(v, "__name__", str(v)))
+def test_aiokafka_offers_every_method_of_the_protocol(proto: type, real: type) -> None:
+    for name, spec in _members(proto).items():
+        if isinstance(spec, property):
+            continue
+        impl = getattr(real, name, None)
+        assert callable(impl), f"aiokafka {aiokafka.__version__}: {real.__name__}.{name} is gone " \
+                               f"(streamsched.kafka.protocols.{proto.__name__} needs it)"
+        assert inspect.iscoroutinefunction(impl) == inspect.iscoroutinefunction(spec), \
+            f"{real.__name__}.{name}: async-ness differs from protocols.{proto.__name__}"
+        theirs = inspect.signature(impl).parameters
+        variadic = any(p.kind is p.VAR_POSITIONAL for p in theirs.values())
+        for pname, p in inspect.signature(spec).parameters.items():
+            if pname == "self":
+                continue
+            ok = pname in theirs or (p.kind is p.VAR_POSITIONAL and variadic)
+            assert ok, f"{real.__name__}.{name} takes no {pname!r} (protocols.{proto.__name__})"
+
+
+@pytest.mark.parametrize(("proto", "fields"), [
+    (protocols.ConsumerRecord, aiokafka.structs.ConsumerRecord.__dataclass_fields__),
+    (protocols.SentRecord, aiokafka.structs.RecordMetadata._fields),
+    (protocols.TopicPartitionLike, TopicPartition._fields),
+    (protocols.OffsetTimestamp, aiokafka.structs.OffsetAndTimestamp._fields),
+], ids=lambda v: getattr(v, "__name__", "fields"))
+def test_aiokafka_records_carry_every_field_of_the_protocol(proto: type, fields: Any) -> None:
+    missing = sorted(set(_members(proto)) - set(fields))
+    assert not missing, f"aiokafka {aiokafka.__version__} records lack {missing} (protocols.{proto.__name__})"
