@@ -21,8 +21,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
+from streamsched.kafka.protocols import TransactionalProducer
 from streamsched.kafka.txn import transaction
 from streamsched.kafka.writer import GroupedWriter
 from streamsched.metrics import Metrics
@@ -47,7 +47,7 @@ class Marks:
 class TxnSettings:
     """What every transaction of one partition shares (owned by its turn runner)."""
 
-    producer: Any
+    producer: TransactionalProducer
     state: StateBase
     state_topic: str
     partition: int

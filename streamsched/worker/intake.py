@@ -32,12 +32,13 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply, partition_counts
 from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
+from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S
 from streamsched.metrics import Metrics
 from streamsched.model.durations import parse_duration
@@ -376,7 +377,7 @@ class Worker:
             for item in page:
                 runner = self._live(item.partition)
                 if runner is not None:
-                    runner.offer([item.ref])
+                    runner.offer([cast(ConsumerRecord, item.ref)])  # what _park indexed
             if len(page) < self.due.page_size:
                 return
 

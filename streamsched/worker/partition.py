@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Sequence
 
 from streamsched.kafka.owner import PartitionOwner
+from streamsched.kafka.protocols import ConsumerRecord, PartitionKey
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.turn import TurnRunner
 
@@ -25,14 +26,14 @@ class PartitionRunner:
     """The worker's body for one owned partition: its record queue and its turn loop."""
 
     def __init__(self, owner: PartitionOwner[PartitionRunner], scheduler: SchedulerDef, turns: TurnRunner,
-                 resume: dict[Any, int]) -> None:
+                 resume: dict[PartitionKey, int]) -> None:
         self.owner = owner
         self.scheduler = scheduler
         self.turns = turns
-        self.queue: deque[Any] = deque()
+        self.queue: deque[ConsumerRecord] = deque()
         self.wake = asyncio.Event()
         turns.notify = self.wake.set  # an execution that ends may free room or be released
-        self.resume: dict[Any, int] | None = resume
+        self.resume: dict[PartitionKey, int] | None = resume
         """Where intake seeks the transition and delay partitions before offering anything
         (None once done): records fetched before that belong to an earlier owner's position."""
 
@@ -40,7 +41,7 @@ class PartitionRunner:
     def partition(self) -> int:
         return self.owner.partition
 
-    def offer(self, records: list[Any]) -> None:
+    def offer(self, records: Sequence[ConsumerRecord]) -> None:
         self.queue.extend(records)
         self.wake.set()
 

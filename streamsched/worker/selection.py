@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from streamsched import failpoints
 from streamsched.errors import DecodeError, StreamschedError
+from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome
 from streamsched.model.event import TransitionEvent
@@ -37,7 +37,7 @@ def _home_partition(key: bytes, partitions: int) -> int:
 class Item:
     """One record of a batch, as the turn decides what happens to it."""
 
-    record: Any
+    record: ConsumerRecord
     event: TransitionEvent | None = None
     identity: str = ""
     dead: tuple[str, str] | None = None
@@ -76,7 +76,7 @@ class Batch:
         return [it for it in self.items if id(it) not in leaders]
 
 
-def classify(s: SchedulerDef, rec: Any) -> Item:
+def classify(s: SchedulerDef, rec: ConsumerRecord) -> Item:
     """One record as step 1 sees it: decoded, selected (an identity) or not (none), or a dead
     letter with its kind (``decode``, ``bound``, ``misrouted``). ``replay --verify`` counts with
     this same function, so it predicts exactly what a worker would do."""
@@ -120,12 +120,12 @@ class Selector:
         self.claimed = claimed
         """Whether an identity is claimed and still running (a later record of it follows)."""
 
-    def item(self, rec: Any) -> Item:
+    def item(self, rec: ConsumerRecord) -> Item:
         """Decode one record and resolve its identity, or say why it is a dead letter."""
         failpoints.hit("after_select")
         return classify(self.s, rec)
 
-    def prepare(self, records: list[Any]) -> Batch:
+    def prepare(self, records: Sequence[ConsumerRecord]) -> Batch:
         """Decode, select and resolve identities; leaders are picked by :meth:`select`."""
         items = [self.item(r) for r in records]
         self.metrics.inc("records", len(items))

@@ -12,10 +12,10 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from streamsched import failpoints
 from streamsched.errors import StreamschedError
+from streamsched.kafka.protocols import TransactionalProducer
 from streamsched.metrics import Metrics
 from streamsched.model.claims import Outcome, OutcomeKind
 from streamsched.model.limits import MAX_DELIVERY_ATTEMPTS
@@ -173,7 +173,7 @@ class PartitionSteps:
 
     # --- 6. commit ------------------------------------------------------------------------------
 
-    async def send_offsets(self, producer: Any, marks: Marks) -> None:
+    async def send_offsets(self, producer: TransactionalProducer, marks: Marks) -> None:
         from aiokafka import TopicPartition
 
         s = self.scheduler

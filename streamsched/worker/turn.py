@@ -55,10 +55,10 @@ resolved its last item), not once per item.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from streamsched.kafka import clients
+from streamsched.kafka.protocols import ConsumerRecord, TransactionalProducer
 from streamsched.kafka.txn import TXN_DEADLINE_S
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
@@ -79,7 +79,8 @@ __all__ = ["TXN_MAX_BYTES", "TXN_MAX_RECORDS", "TurnRunner"]
 class TurnRunner:
     """Runs one partition's records through the turn, in the shape its scheduler needs."""
 
-    def __init__(self, scheduler: SchedulerDef, partition: int, producer: Any, state: StateBase,
+    def __init__(self, scheduler: SchedulerDef, partition: int, producer: TransactionalProducer,
+                 state: StateBase,
                  *, owner: str, metrics: Metrics, clock: Callable[[], int] = time.time_ns,
                  retry: RetryPolicy | None = None, commit_interval_s: float = 0.1,
                  bootstrap: clients.Conn = "", partitions: int | None = None,
@@ -178,7 +179,7 @@ class TurnRunner:
 
     # --- 1. select (streamsched.worker.selection) ---------------------------------------------
 
-    def prepare(self, records: list[Any]) -> Batch:
+    def prepare(self, records: Sequence[ConsumerRecord]) -> Batch:
         """Step 1 for a batch: decode, select, resolve identities, pick one leader per identity.
 
         Picking leaders needs the topic's partition count (the routing check); until it is
