@@ -126,12 +126,16 @@ class ClaimWindow:
         finished, self.finished = self.finished, []
         self.progress.clear()
         try:
-            await self._commit(finished, incoming, flush_offsets=flush_offsets)
+            started = await self._commit(finished, incoming, flush_offsets=flush_offsets)
         except BaseException:
             self.finished[:0] = finished  # still unresolved: the window is as before
             raise
+        if started:
+            await self._start(started)
 
-    async def _commit(self, finished: list[Item], incoming: Batch | None, *, flush_offsets: bool) -> None:
+    async def _commit(self, finished: list[Item], incoming: Batch | None, *,
+                      flush_offsets: bool) -> list[Item]:
+        """The transaction of :meth:`step`; returns the claims it made (to run now)."""
         await self.steps.resolve_feedback(finished)
         claims = incoming.leaders if incoming is not None else []
         ending = Counter(id(self.claimed[it.identity][1]) for it in finished)
@@ -149,7 +153,7 @@ class ClaimWindow:
         marks = Marks(t_mark, d_mark) if changed and (flush_offsets or due) else None
         expiring = self.txn.state.take_expired(self.steps.clock())  # past the outcome horizon
         if not finished and entered is None and marks is None and not expiring:
-            return
+            return []
         cp = Checkpoint(self.txn)
         self.steps.write_resolution(finished, cp)
         for adm in resolving:
@@ -174,10 +178,10 @@ class ClaimWindow:
             failpoints.hit("after_claim")
         if marks is not None:
             self.offsets_sent(marks)
-        if entered is not None and claims:
+        if entered is not None:
             for it in claims:
                 self.claimed[it.identity] = (it, entered)
-            await self._start(claims)
+        return claims
 
     def offsets_sent(self, marks: Marks) -> None:
         self.offsets.t_sent, self.offsets.d_sent = marks.transition, marks.delay
