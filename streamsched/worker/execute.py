@@ -23,7 +23,7 @@ import asyncio
 import hashlib
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import CoroutineType
 from typing import Any
 
@@ -40,16 +40,19 @@ IN_PLACE_RETRY_LIMIT_S = 0.25
 the same delivery, are parked in the delay topic."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Execution:
-    """What one execution decided; the turn writes it with the release."""
+    """What one execution decided; the turn writes it with the release. (No outcome, nothing
+    else: the identity already held one, so the claim is only released.)"""
 
     outcome: Outcome | None = None
     dead: tuple[str, str] | None = None
+    """(kind, safe reason) of a terminal failure, dead-lettered with the release."""
     category: str = ""
     park_until_ns: int | None = None
+    """A retry too long to wait for in place: parked in the delay topic until then."""
     attempt_next: int = 0
-    emits: list[Emit] = field(default_factory=list)
+    emits: tuple[Emit, ...] = ()
 
 
 class Bounded:
@@ -156,13 +159,13 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
             return Execution(outcome=Outcome(OutcomeKind.FAILED, st.fence, clock(),
                                              error_kind=failure.cause_kind),
                              dead=("terminal", failure.cause_kind), category=failure.category)
-        emits = list(commands.emitted)
+        emits = tuple(commands.emitted)
         metrics.inc("executions")
         return Execution(outcome=Outcome(OutcomeKind.SUCCEEDED, st.fence, clock(), events=len(emits),
                                          digest=_digest(commands.results, emits)), emits=emits)
 
 
-def _digest(results: tuple[object, ...], emits: list[Emit]) -> bytes:
+def _digest(results: tuple[object, ...], emits: tuple[Emit, ...]) -> bytes:
     h = hashlib.sha256()
     for r in results:
         try:

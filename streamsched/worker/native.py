@@ -42,7 +42,7 @@ from streamsched.model.claims import ClaimState
 from streamsched.worker.checkpoint import Checkpoint, Marks, TxnSettings
 from streamsched.worker.offsets import Offsets, Span
 from streamsched.worker.selection import Batch
-from streamsched.worker.steps import PartitionSteps, resolution_failpoints, writes_side_records
+from streamsched.worker.steps import PartitionSteps, Resolved, resolution_failpoints, writes_side_records
 from streamsched.worker.window import ClaimWindow
 
 TXN_MAX_RECORDS = 4096
@@ -64,8 +64,8 @@ class KafkaNative:
         """The claim-first window the first executing batch after a start goes through (module
         docs); None once it has."""
         self.open: Checkpoint | None = None
-        self.batches: list[Batch] = []
-        """The batches resolved into the open checkpoint."""
+        self.batches: list[tuple[Batch, list[Resolved]]] = []
+        """The batches resolved into the open checkpoint, with their leaders' results."""
         self.last_offsets = time.monotonic()
 
     def current(self, identity: str) -> ClaimState:
@@ -113,28 +113,30 @@ class KafkaNative:
             cp = self.open = Checkpoint(self.txn)
         steps = self.steps
         try:
+            results: list[Resolved] = []
             if batch.leaders:
-                steps.acquire(batch.leaders, cp)
-                steps.metrics.inc("claims", len(batch.leaders))
+                claims = steps.acquire(batch.leaders, cp)
+                steps.metrics.inc("claims", len(claims))
                 failpoints.hit("after_claim")
-                await steps.execute_all(batch.leaders)
+                results = await steps.execute_all(claims)
                 # No transaction is open on the producer: the admin lookup may happen here.
-                await steps.resolve_feedback(batch.leaders)
+                await steps.resolve_feedback(results)
             before = len(cp)
-            steps.write_resolution(batch.leaders, cp)
-            others = batch.others()
-            steps.write_others(others, cp)
+            steps.write_resolution(results, cp)
+            steps.write_others(batch.others(), cp)
             # Emits, and the original record of a dead letter, a parked or a forwarded item.
-            cp.count(len(cp) - before, sum(len(e.value) for it in batch.leaders for e in it.emits) + sum(
-                len(it.record.value or b"") for it in batch.items
-                if it.dead is not None or it.forward is not None or it.park_until_ns is not None))
+            side = sum(len(r.claim.item.record.value or b"") for r in results
+                       if r.execution.dead is not None or r.execution.park_until_ns is not None)
+            side += sum(len(it.record.value or b"") for it in batch.items
+                        if it.dead is not None or it.forward is not None or it.park_until_ns is not None)
+            cp.count(len(cp) - before, sum(len(e.value) for r in results for e in r.execution.emits) + side)
         except BaseException:
             # Nothing was sent; the runner fails and the next owner starts from committed state.
             self.open = None
             self.batches = []
             cp.discard()
             raise
-        self.batches.append(batch)
+        self.batches.append((batch, results))
 
     async def commit(self, *, offsets_now: bool = False) -> None:
         """Commit the open checkpoint with the offsets it resolves (and whatever offsets or
@@ -142,8 +144,8 @@ class KafkaNative:
         whether due or not (the partition drains)."""
         cp, self.open = self.open, None
         batches, self.batches = self.batches, []
-        span = Span(max((b.next_offset for b in batches if b.next_offset is not None), default=None),
-                    [o for b in batches for o in b.delayed])
+        span = Span(max((b.next_offset for b, _ in batches if b.next_offset is not None), default=None),
+                    [o for b, _ in batches for o in b.delayed])
         t_mark, d_mark = self.offsets.after(span)
         changed = t_mark != self.offsets.t_sent or d_mark != self.offsets.d_sent
         send = changed and (offsets_now or not batches or writes_side_records(batches)
@@ -159,7 +161,7 @@ class KafkaNative:
             self._resolved(batches, span)
             return
         await cp.commit(marks=Marks(t_mark, d_mark) if send else None, expiring=expiring,
-                        before_commit=lambda: resolution_failpoints(it for b in batches for it in b.leaders))
+                        before_commit=lambda: resolution_failpoints(r for _, rs in batches for r in rs))
         self._resolved(batches, span)
         if send:
             self.offsets.t_sent, self.offsets.d_sent = t_mark, d_mark
@@ -168,10 +170,10 @@ class KafkaNative:
                                          partition=str(self.steps.partition))
             failpoints.hit("after_commit")
 
-    def _resolved(self, batches: list[Batch], span: Span) -> None:
+    def _resolved(self, batches: list[tuple[Batch, list[Resolved]]], span: Span) -> None:
         self.offsets.resolve(span)
-        for b in batches:
-            self.steps.account(b)
+        for b, results in batches:
+            self.steps.account(b, results)
 
     async def drain(self) -> None:
         """Commit everything in hand, offsets included (clean revocation and shutdown)."""

@@ -1,9 +1,11 @@
 """The records a turn writes besides claim snapshots and emitted events.
 
-Dead letters, parked items (the delay topic) and records forwarded to their home partition,
-built from one resolved :class:`~streamsched.worker.selection.Item` and added to the transaction's
-:class:`~streamsched.kafka.writer.GroupedWriter`. Pure with respect to Kafka: nothing here sends.
-(Schedule feedback rows stay in the turn, next to the lookup they depend on.)
+Dead letters, parked records (the delay topic) and records forwarded to their home partition,
+added to the transaction's :class:`~streamsched.kafka.writer.GroupedWriter`. What to write comes
+from step 1's verdict on a record (:class:`~streamsched.worker.selection.Item`) or from what an
+execution decided (:class:`~streamsched.worker.execute.Execution`). Pure with respect to Kafka:
+nothing here sends. (Schedule feedback rows stay with the resolution step, next to the lookup
+they depend on.)
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.kafka.writer import GroupedWriter
 from streamsched.metrics import Metrics
+from streamsched.model.event import TransitionEvent
 from streamsched.wire.dead_letter import dead_letter
 from streamsched.wire.delay import due_headers
 from streamsched.wire.transition import encode_transition
@@ -30,39 +34,36 @@ class Records:
     dlq_topic: str
     metrics: Metrics
 
-    def resolved(self, items: Iterable[Item], writer: GroupedWriter, now_ns: int) -> None:
-        """Dead letters, parked items and forwarded records of a resolved batch."""
+    def selected(self, items: Iterable[Item], writer: GroupedWriter, now_ns: int) -> None:
+        """Dead letters, parked and forwarded records of items step 1 did not make leaders."""
         for it in items:
             if it.dead is not None:
-                self.dead_letter(it, writer, now_ns)
+                self.dead_letter(it.record, it.event, it.dead, writer, now_ns)
             if it.park_until_ns is not None and it.event is not None:
-                self.park(it, writer)
+                self.park(it.record, it.event, it.park_until_ns, it.attempt_next, writer)
             if it.forward is not None:
-                self.forward(it, writer)
+                self.forward(it.record, it.forward, writer)
 
-    def forward(self, it: Item, writer: GroupedWriter) -> None:
+    def forward(self, rec: ConsumerRecord, home: int, writer: GroupedWriter) -> None:
         """Re-produce a record that arrived on the wrong partition to its home partition."""
-        assert it.forward is not None
-        rec = it.record
-        writer.add(self.topic, rec.value, key=rec.key, partition=it.forward,
+        writer.add(self.topic, rec.value, key=rec.key, partition=home,
                    headers=[(k, bytes(v)) for k, v in rec.headers or ()])
 
-    def park(self, it: Item, writer: GroupedWriter) -> None:
-        """Write the item to the delay topic, due at ``park_until_ns`` (same key and partition)."""
-        assert it.event is not None and it.park_until_ns is not None
-        event = it.event if it.attempt_next == it.event.attempt else dataclasses.replace(
-            it.event, attempt=it.attempt_next)
-        writer.add(self.delay_topic, encode_transition(event), key=it.record.key, partition=self.partition,
-                   headers=due_headers(it.park_until_ns))
+    def park(self, rec: ConsumerRecord, event: TransitionEvent, until_ns: int, attempt: int,
+             writer: GroupedWriter) -> None:
+        """Write the record's event to the delay topic, due at ``until_ns`` (same key and
+        partition), carrying ``attempt``."""
+        ev = event if attempt == event.attempt else dataclasses.replace(event, attempt=attempt)
+        writer.add(self.delay_topic, encode_transition(ev), key=rec.key, partition=self.partition,
+                   headers=due_headers(until_ns))
         self.metrics.inc("parked")
 
-    def dead_letter(self, it: Item, writer: GroupedWriter, now_ns: int) -> None:
-        assert it.dead is not None
-        kind, reason = it.dead
-        rec = it.record
+    def dead_letter(self, rec: ConsumerRecord, event: TransitionEvent | None, dead: tuple[str, str],
+                    writer: GroupedWriter, now_ns: int) -> None:
+        kind, reason = dead
         dl = dead_letter(kind=kind, reason=reason,
                          source_topic=self.topic if rec.topic == self.delay_topic else rec.topic,
                          source_partition=self.partition, source_offset=rec.offset,
-                         attempt=it.event.attempt if it.event is not None else 1, at_ns=now_ns,
+                         attempt=event.attempt if event is not None else 1, at_ns=now_ns,
                          original=rec.value, original_key=rec.key)
         writer.add(self.dlq_topic, dl.value, key=dl.key, partition=self.partition, headers=dl.headers)

@@ -11,20 +11,20 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from streamsched import failpoints
 from streamsched.errors import DecodeError, StreamschedError
 from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.metrics import Metrics
-from streamsched.model.claims import ClaimState, Outcome
+from streamsched.model.claims import ClaimState
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import route_key
 from streamsched.model.limits import MAX_PARK_S
 from streamsched.wire.dead_letter import NO_VALUE_REASON
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition
-from streamsched.worker.app import Emit, SchedulerDef
+from streamsched.worker.app import SchedulerDef
 
 
 @functools.lru_cache(maxsize=65536)
@@ -33,38 +33,51 @@ def _home_partition(key: bytes, partitions: int) -> int:
     return partition_for_key(key, partitions)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Item:
-    """One record of a batch, as the turn decides what happens to it."""
+    """Step 1's verdict on one record of a batch (immutable: a later stage makes a new value,
+    :class:`~streamsched.worker.steps.Claim` and then :class:`~streamsched.worker.steps.Resolved`)."""
 
     record: ConsumerRecord
     event: TransitionEvent | None = None
     identity: str = ""
+    """The business identity ("" when the record is outside the selection or undecodable)."""
     dead: tuple[str, str] | None = None
+    """(kind, safe reason) of a record that is dead-lettered as it is (decode, bound, misrouted)."""
     follower: bool = False
+    """Another record of the same identity leads (earlier in the batch, or claimed in the window)."""
     forward: int | None = None
     """The home partition of a record that arrived on another one (it is forwarded there)."""
-    state: ClaimState | None = None
-    fence: int = 0
-    """The fence this item's claim acquired; every later write of the item presents it."""
-    revision: int = 0
-    """The revision this item's claim acquired (the successor its next write expects)."""
-    outcome: Outcome | None = None
-    category: str = ""
     park_until_ns: int | None = None
+    """Not to run yet (a future due time, another owner's lease): parked in the delay topic."""
     attempt_next: int = 0
-    emits: list[Emit] = field(default_factory=list)
+    """The attempt a parked record carries."""
 
 
-@dataclass(slots=True)
+# Constructed directly, not with dataclasses.replace (which introspects the fields each time).
+def _follower(it: Item) -> Item:
+    return Item(it.record, it.event, it.identity, it.dead, True, it.forward, it.park_until_ns,
+                it.attempt_next)
+
+
+def _forwarded(it: Item, home: int) -> Item:
+    return Item(it.record, it.event, it.identity, it.dead, it.follower, home, it.park_until_ns,
+                it.attempt_next)
+
+
+def _parked(it: Item, until_ns: int, attempt: int) -> Item:
+    return Item(it.record, it.event, it.identity, it.dead, it.follower, it.forward, until_ns, attempt)
+
+
+@dataclass(frozen=True, slots=True)
 class Batch:
     """At most ``max_in_flight`` records of one partition, and the leaders picked among them."""
 
-    items: list[Item]
-    leaders: list[Item]
+    items: tuple[Item, ...]
+    leaders: tuple[Item, ...]
     next_offset: int | None
     """Transition-topic offset after this batch's last transition record (None: none in it)."""
-    delayed: list[int]
+    delayed: tuple[int, ...]
     """Delay-topic offsets of the re-driven records in this batch."""
     started: float
     selected: bool = True
@@ -80,29 +93,23 @@ def classify(s: SchedulerDef, rec: ConsumerRecord) -> Item:
     """One record as step 1 sees it: decoded, selected (an identity) or not (none), or a dead
     letter with its kind (``decode``, ``bound``, ``misrouted``). ``replay --verify`` counts with
     this same function, so it predicts exactly what a worker would do."""
-    item = Item(rec)
     if rec.value is None:
-        item.dead = ("decode", NO_VALUE_REASON)
-        return item
+        return Item(rec, dead=("decode", NO_VALUE_REASON))
     try:
         ev = decode_transition(rec.value)
     except DecodeError as exc:
-        item.dead = ("decode", exc.reason)
-        return item
-    item.event = ev
+        return Item(rec, dead=("decode", exc.reason))
     if not s.selection.matches(ev):
-        return item
+        return Item(rec, ev)
     try:
-        item.identity = s.resolve_identity(ev.due_ns, ev.tenant, ev.target)
+        identity = s.resolve_identity(ev.due_ns, ev.tenant, ev.target)
         expected_key = route_key(ev.tenant, ev.target)
     except StreamschedError as exc:
-        item.dead = ("bound", exc.kind)
-        return item
+        return Item(rec, ev, dead=("bound", exc.kind))
     if rec.key != expected_key:
         # Keys route identities to partitions; a wrong key could put one identity on two owners.
-        item.dead = ("misrouted", "record key is not the route key of its identity")
-        item.identity = ""
-    return item
+        return Item(rec, ev, dead=("misrouted", "record key is not the route key of its identity"))
+    return Item(rec, ev, identity)
 
 
 class Selector:
@@ -127,30 +134,32 @@ class Selector:
 
     def prepare(self, records: Sequence[ConsumerRecord]) -> Batch:
         """Decode, select and resolve identities; leaders are picked by :meth:`select`."""
-        items = [self.item(r) for r in records]
+        items = tuple(self.item(r) for r in records)
         self.metrics.inc("records", len(items))
         transition = [r.offset for r in records if r.topic == self.s.topic]
-        delayed = [r.offset for r in records if r.topic != self.s.topic]
-        return Batch(items, [], (transition[-1] + 1) if transition else None, delayed,
+        delayed = tuple(r.offset for r in records if r.topic != self.s.topic)
+        return Batch(items, (), (transition[-1] + 1) if transition else None, delayed,
                      time.perf_counter(), selected=False)
 
-    def select(self, batch: Batch, partitions: int) -> None:
-        """Pick one leader per identity: route-check, fold duplicates, defer what is not due,
-        honour another owner's lease (``partitions``: the topic's partition count)."""
+    def select(self, batch: Batch, partitions: int) -> Batch:
+        """``batch`` with one leader per identity picked: route-check, fold duplicates, defer
+        what is not due, honour another owner's lease (``partitions``: the topic's count)."""
+        items: list[Item] = []
         leaders: list[Item] = []
         seen: set[str] = set()
         now = self.clock()
         for it in batch.items:
+            items.append(it)
             if not it.identity or it.dead is not None or it.event is None:
                 continue
             if it.record.topic == self.s.topic:
                 # Delay-topic records need no check: the turn parks only items that passed it.
                 home = _home_partition(it.record.key, partitions)
                 if home != self.partition:
-                    it.forward = home
+                    items[-1] = _forwarded(it, home)
                     continue
             if it.identity in seen or self.claimed(it.identity):
-                it.follower = True
+                items[-1] = _follower(it)
                 self.metrics.inc("duplicates_in_batch")
                 continue
             seen.add(it.identity)
@@ -159,18 +168,16 @@ class Selector:
                 # A future due time: wait in the delay topic, not in the partition, in hops of at
                 # most MAX_PARK_S (the delay topic's retention covers one hop; an early return
                 # is parked again here).
-                it.park_until_ns = min(it.event.due_ns, now + int(MAX_PARK_S * 1e9))
-                it.attempt_next = it.event.attempt
+                items[-1] = _parked(it, min(it.event.due_ns, now + int(MAX_PARK_S * 1e9)), it.event.attempt)
                 self.metrics.inc("deferred_until_due")
                 continue
             if st.lease_active(now) and st.owner != self.owner:
                 # Another owner's unexpired lease (a predecessor that may still be executing) is
                 # honoured: the item comes back through the due index when the lease expires and
                 # is then reclaimed with a fresh fence. Healthy items behind it go on.
-                it.park_until_ns, it.attempt_next = st.lease_expires_ns, it.event.attempt
+                items[-1] = _parked(it, st.lease_expires_ns, it.event.attempt)
                 self.metrics.inc("lease_waits")
                 continue
             leaders.append(it)
         self.metrics.inc("turns", len(leaders))
-        batch.leaders = leaders
-        batch.selected = True
+        return Batch(tuple(items), tuple(leaders), batch.next_offset, batch.delayed, batch.started)

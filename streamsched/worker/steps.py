@@ -12,21 +12,56 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from streamsched import failpoints
 from streamsched.errors import StreamschedError
 from streamsched.kafka.protocols import TransactionalProducer
 from streamsched.metrics import Metrics
-from streamsched.model.claims import Outcome, OutcomeKind
+from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
+from streamsched.model.event import TransitionEvent
 from streamsched.model.limits import MAX_DELIVERY_ATTEMPTS
 from streamsched.model.retry import RetryPolicy
 from streamsched.wire.dead_letter import ATTEMPTS_EXHAUSTED, ATTEMPTS_EXHAUSTED_REASON
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.checkpoint import Checkpoint, Marks
-from streamsched.worker.execute import execute
+from streamsched.worker.execute import Execution, execute
 from streamsched.worker.feedback import FeedbackTopics, feedback_record, occurrence_of
 from streamsched.worker.records import Records
 from streamsched.worker.selection import Batch, Item
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Step 3: a leader and the fenced claim it acquired. Every later write of the item
+    presents this claim's fence and revision to the state machine."""
+
+    item: Item
+    state: ClaimState
+    exhausted: Outcome | None = None
+    """Delivered ``MAX_DELIVERY_ATTEMPTS`` times and never resolved: the FAILED outcome this
+    claim records instead of running the handler again."""
+
+    @property
+    def identity(self) -> str:
+        return self.item.identity
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """Step 4: a claim and what its execution decided (written by step 5)."""
+
+    claim: Claim
+    execution: Execution
+
+    @property
+    def identity(self) -> str:
+        return self.claim.item.identity
+
+
+def _exhausted(claim: Claim) -> Resolved:
+    return Resolved(claim, Execution(outcome=claim.exhausted, category="permanent",
+                                     dead=(ATTEMPTS_EXHAUSTED, ATTEMPTS_EXHAUSTED_REASON)))
 
 
 class PartitionSteps:
@@ -49,122 +84,127 @@ class PartitionSteps:
 
     # --- 3. claim -------------------------------------------------------------------------------
 
-    def acquire(self, leaders: Iterable[Item], cp: Checkpoint) -> None:
+    def acquire(self, leaders: Iterable[Item], cp: Checkpoint) -> list[Claim]:
         """A fresh fenced claim per leader (fence+1, ordinal+1), recorded in ``cp.view``."""
         now = self.clock()
         duration = int(self.scheduler.claim_duration_s * 1e9)
+        claims = []
         for it in leaders:
             cur = cp.current(it.identity)
-            it.state = cur.acquire(owner=self.owner, now_ns=now, duration_ns=duration,
-                                   expected_revision=cur.revision)
-            it.fence, it.revision = it.state.fence, it.state.revision
+            st = cur.acquire(owner=self.owner, now_ns=now, duration_ns=duration,
+                             expected_revision=cur.revision)
+            exhausted = None
             if cur.outcome is None and cur.ordinal >= MAX_DELIVERY_ATTEMPTS:
                 # Delivered MAX_DELIVERY_ATTEMPTS times and never resolved (e.g. its handler
                 # kills the worker): this claim only records the failure, in the release.
-                it.outcome = Outcome(OutcomeKind.FAILED, it.fence, now, error_kind=ATTEMPTS_EXHAUSTED)
-                it.dead = (ATTEMPTS_EXHAUSTED, ATTEMPTS_EXHAUSTED_REASON)
-                it.category = "permanent"
-            cp.view[it.identity] = it.state
+                exhausted = Outcome(OutcomeKind.FAILED, st.fence, now, error_kind=ATTEMPTS_EXHAUSTED)
+            cp.view[it.identity] = st
+            claims.append(Claim(it, st, exhausted))
+        return claims
 
-    def write_claims(self, leaders: list[Item], cp: Checkpoint) -> None:
+    def write_claims(self, leaders: Iterable[Item], cp: Checkpoint) -> list[Claim]:
         """Claims made durable before their effects (the claim-first shape)."""
-        self.acquire(leaders, cp)
-        for it in leaders:
-            assert it.state is not None
-            cp.put(it.state)
+        claims = self.acquire(leaders, cp)
+        for c in claims:
+            cp.put(c.state)
+        return claims
 
     # --- 4. execute -----------------------------------------------------------------------------
 
-    async def execute(self, it: Item, on_suspend: Callable[[], None] | None = None) -> None:
-        assert it.state is not None and it.event is not None
-        result = await execute(self.scheduler, it.event, it.state, retry=self.retry, clock=self.clock,
+    async def execute(self, claim: Claim, on_suspend: Callable[[], None] | None = None) -> Resolved:
+        """Run one claim's handler (or record its exhausted attempts without running it)."""
+        if claim.exhausted is not None:
+            return _exhausted(claim)
+        ev = claim.item.event
+        assert ev is not None
+        result = await execute(self.scheduler, ev, claim.state, retry=self.retry, clock=self.clock,
                                metrics=self.metrics, rng=self.rng, on_suspend=on_suspend)
-        if result is not None:
-            it.outcome, it.dead, it.category = result.outcome, result.dead, result.category
-            it.park_until_ns, it.attempt_next = result.park_until_ns, result.attempt_next
-            it.emits = result.emits
         failpoints.hit("after_effect")
+        return Resolved(claim, result if result is not None else _RELEASE_ONLY)
 
-    async def execute_all(self, leaders: list[Item]) -> None:
+    async def execute_all(self, claims: list[Claim]) -> list[Resolved]:
         """Step 4 for a batch, all of it before returning (at most ``max_in_flight`` items)."""
-        # An item whose attempts are exhausted already holds its (FAILED) outcome: never run it.
-        runnable = [it for it in leaders if it.outcome is None]
-        if self.concurrent and len(runnable) > 1:
-            await asyncio.gather(*(self.execute(it) for it in runnable))
-            return
+        if self.concurrent and len(claims) > 1:
+            return list(await asyncio.gather(*(self.execute(c) for c in claims)))
         # One after another in this task, which costs no task per item and is the same as
         # concurrent for handlers that never wait (Kafka-native ones usually). The moment one
         # suspends (I/O), the rest of its batch starts as tasks beside it, and from then on items
         # run concurrently for good: handlers of one batch still all run at once whenever any waits.
-        rest: list[asyncio.Task[None]] = []
-        for i, it in enumerate(runnable):
-            def start_rest(later: list[Item] = runnable[i + 1:]) -> None:
+        done: list[Resolved] = []
+        rest: list[asyncio.Task[Resolved]] = []
+        for i, c in enumerate(claims):
+            def start_rest(later: list[Claim] = claims[i + 1:]) -> None:
                 self.concurrent = True
                 rest.extend(asyncio.ensure_future(self.execute(x)) for x in later)
 
             try:
-                await self.execute(it, on_suspend=start_rest)
+                done.append(await self.execute(c, on_suspend=start_rest))
             except BaseException:
                 for task in rest:
                     task.cancel()
                 raise
             if self.concurrent:  # it suspended: the rest of its batch runs as tasks
-                await asyncio.gather(*rest)
-                return
+                done.extend(await asyncio.gather(*rest))
+                return done
+        return done
 
     # --- 5. resolve -----------------------------------------------------------------------------
 
-    async def resolve_feedback(self, items: Iterable[Item]) -> None:
-        """Learn the feedback topics these items report to, outside any transaction (never an
+    async def resolve_feedback(self, results: Iterable[Resolved]) -> None:
+        """Learn the feedback topics these results report to, outside any transaction (never an
         admin round trip while one is open)."""
-        topics = {o.feedback_topic for it in items
-                  if it.event is not None and it.event.origin
-                  and (o := occurrence_of(it.event, it.outcome)) is not None}
+        topics = {o.feedback_topic for r in results
+                  if (ev := r.claim.item.event) is not None and ev.origin
+                  and (o := occurrence_of(ev, r.execution.outcome)) is not None}
         if topics:
             await self.feedback.resolve(topics)
 
-    def write_resolution(self, leaders: Iterable[Item], cp: Checkpoint) -> None:
-        """Outcome, emits, feedback and release of executed leaders, and their own dead letter
+    def write_resolution(self, results: Iterable[Resolved], cp: Checkpoint) -> None:
+        """Outcome, emits, feedback and release of executed claims, and their own dead letter
         or parked record.
 
         Outcome and release commit in one transaction, so only the final RELEASED snapshot (which
         carries the outcome) is written; both transitions still run through the state machine's
         guards, starting from the state the partition holds NOW and presenting the fence and
-        revision the item acquired.
+        revision the claim acquired.
         """
         now = self.clock()
-        for it in leaders:
-            assert it.state is not None
+        records = self.records
+        for r in results:
+            claim, ex, it = r.claim, r.execution, r.claim.item
+            fence = claim.state.fence
             st = cp.current(it.identity)
-            expected = it.revision
-            if it.outcome is not None:
-                st = st.store_outcome(fence=it.fence, expected_revision=expected, outcome=it.outcome)
+            expected = claim.state.revision
+            if ex.outcome is not None:
+                st = st.store_outcome(fence=fence, expected_revision=expected, outcome=ex.outcome)
                 expected = st.revision
-            for emit in it.emits:
+            for emit in ex.emits:
                 cp.writer.add(emit.topic, emit.value, key=emit.key)  # partitioned by key at flush
-            if it.outcome is not None and it.event is not None and it.event.origin:
-                self._schedule_feedback(it, cp)
-            it.state = st.release(fence=it.fence, expected_revision=expected)
-            cp.put(it.state)
-            self.records.resolved((it,), cp.writer, now)
+            if ex.outcome is not None and it.event is not None and it.event.origin:
+                self._schedule_feedback(it.event, ex, cp)
+            cp.put(st.release(fence=fence, expected_revision=expected))
+            if ex.dead is not None:
+                records.dead_letter(it.record, it.event, ex.dead, cp.writer, now)
+            if ex.park_until_ns is not None and it.event is not None:
+                records.park(it.record, it.event, ex.park_until_ns, ex.attempt_next, cp.writer)
 
     def write_others(self, items: Iterable[Item], cp: Checkpoint) -> None:
         """Dead letters, parked and forwarded records of a batch's items that were not leaders."""
-        self.records.resolved(items, cp.writer, self.clock())
+        self.records.selected(items, cp.writer, self.clock())
 
-    def _schedule_feedback(self, it: Item, cp: Checkpoint) -> None:
+    def _schedule_feedback(self, event: TransitionEvent, ex: Execution, cp: Checkpoint) -> None:
         """Report a scheduled occurrence's attempt to its catalog (in the same transaction).
 
         Never raises: the topic was resolved before the transaction opened, and a report that
         cannot be made is counted and skipped (it must not stall the partition).
         """
-        occ = occurrence_of(it.event, it.outcome)
+        occ = occurrence_of(event, ex.outcome)
         partitions = self.feedback.partitions(occ.feedback_topic) if occ is not None else None
-        if occ is None or partitions is None or it.event is None or it.outcome is None:
+        if occ is None or partitions is None or ex.outcome is None:
             self.metrics.inc("feedback_dropped")  # malformed origin or no such catalog
             return
         try:
-            key, value, partition = feedback_record(occ, it.event, it.outcome, it.category,
+            key, value, partition = feedback_record(occ, event, ex.outcome, ex.category,
                                                     partitions=partitions, at_ns=self.clock())
         except StreamschedError:
             self.metrics.inc("feedback_dropped")
@@ -184,15 +224,17 @@ class PartitionSteps:
             offsets[TopicPartition(s.delay_topic, self.partition)] = marks.delay
         await producer.send_offsets_to_transaction(offsets, s.group)
 
-    def account(self, batch: Batch) -> None:
+    def account(self, batch: Batch, results: Iterable[Resolved]) -> None:
         """Count a batch whose every item is resolved and committed."""
         m = self.metrics
+        dead = [r.execution.dead for r in results if r.execution.dead is not None]
+        dead += [it.dead for it in batch.items if it.dead is not None]
         m.inc("releases", len(batch.leaders))
-        m.inc("dead_lettered", sum(1 for it in batch.items if it.dead is not None))
+        m.inc("dead_lettered", len(dead))
         forwarded = sum(1 for it in batch.items if it.forward is not None)
         if forwarded:
             m.inc("forwarded", forwarded)
-        exhausted = sum(1 for it in batch.items if it.dead is not None and it.dead[0] == ATTEMPTS_EXHAUSTED)
+        exhausted = sum(1 for d in dead if d[0] == ATTEMPTS_EXHAUSTED)
         if exhausted:
             m.inc("attempts_exhausted", exhausted)
         m.inc("committed", len(batch.items))
@@ -200,22 +242,28 @@ class PartitionSteps:
         m.observe("turn_seconds", time.perf_counter() - batch.started)
 
 
-def writes_side_records(batches: Iterable[Batch]) -> bool:
+_RELEASE_ONLY = Execution()
+"""The identity already held an outcome: nothing ran, the claim is only released."""
+
+
+def writes_side_records(batches: Iterable[tuple[Batch, list[Resolved]]]) -> bool:
     """Whether resolving ``batches`` writes a record that re-reading them would write again
     (a dead letter, a forwarded or parked record, schedule feedback): their offsets then commit
     with them, so a crash never duplicates one."""
-    return any(it.dead is not None or it.forward is not None or it.park_until_ns is not None
-               or (it.event is not None and it.event.origin)
-               for b in batches for it in b.items)
+    for batch, results in batches:
+        if any(it.dead is not None or it.forward is not None or it.park_until_ns is not None
+               or (it.event is not None and it.event.origin) for it in batch.items):
+            return True
+        if any(r.execution.dead is not None or r.execution.park_until_ns is not None for r in results):
+            return True
+    return False
 
 
-def resolution_failpoints(leaders: Iterable[Item]) -> None:
+def resolution_failpoints(results: Iterable[Resolved]) -> None:
     """Crash boundaries between a resolution's writes and its commit (the crash matrix)."""
-    leaders = list(leaders)
-    for it in leaders:
-        if it.outcome is not None:
+    results = list(results)
+    for r in results:
+        if r.execution.outcome is not None:
             failpoints.hit("after_outcome")
-    for _ in leaders:
+    for _ in results:
         failpoints.hit("after_release")
-
-

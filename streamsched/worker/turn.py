@@ -187,15 +187,15 @@ class TurnRunner:
         """
         batch = self._selector.prepare(records)
         if self.partitions is not None:
-            self._selector.select(batch, self.partitions)
+            return self._selector.select(batch, self.partitions)
         return batch
 
-    async def _ensure_selected(self, batch: Batch) -> None:
+    async def _selected(self, batch: Batch) -> Batch:
         if batch.selected:
-            return
+            return batch
         if self.partitions is None:
             self.partitions = len(await self.producer.partitions_for(self.scheduler.topic))
-        self._selector.select(batch, self.partitions)
+        return self._selector.select(batch, self.partitions)
 
     # --- 2-6 (the shapes) ---------------------------------------------------------------------
 
@@ -203,7 +203,7 @@ class TurnRunner:
         """Take ``incoming`` (None: nothing new) through the turn; ``flush_offsets``: the
         partition has nothing more in hand, so commit what is resolved now."""
         if incoming is not None:
-            await self._ensure_selected(incoming)
+            incoming = await self._selected(incoming)
         if self.native is not None:
             await self.native.step(incoming, flush_offsets=flush_offsets)
         else:

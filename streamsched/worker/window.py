@@ -29,18 +29,17 @@ finishes there, and from then on every item runs as its own task, started when i
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamsched import failpoints
 from streamsched.worker.checkpoint import Checkpoint, Marks, TxnSettings
 from streamsched.worker.offsets import Offsets, Span
-from streamsched.worker.selection import Batch, Item
-from streamsched.worker.steps import PartitionSteps, resolution_failpoints
+from streamsched.worker.selection import Batch
+from streamsched.worker.steps import Claim, PartitionSteps, Resolved, resolution_failpoints
 
 WINDOW_WAIT_S = 1.0
 """Longest the partition loop sleeps while claims run and nothing else is in hand (an ending
@@ -52,10 +51,12 @@ flood of duplicates or dead letters must not let admitted records grow without b
 
 @dataclass(slots=True, eq=False)
 class _Admitted:
-    """A batch in the window and how many of its leaders are not yet resolved."""
+    """A batch in the window, how many of its leaders are not yet resolved, and the results of
+    those that are (counted when the whole batch is)."""
 
     batch: Batch
     unresolved: int
+    results: list[Resolved] = field(default_factory=list)
 
 
 class ClaimWindow:
@@ -69,11 +70,11 @@ class ClaimWindow:
         self.max_in_flight = max_in_flight
         self.commit_interval_s = commit_interval_s
         self.admitted: deque[_Admitted] = deque()
-        self.claimed: dict[str, tuple[Item, _Admitted]] = {}
-        """Identities claimed and not yet resolved -> their item and batch."""
-        self.finished: list[Item] = []
-        """Claimed items whose execution ended; their release goes into the next transaction."""
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.claimed: dict[str, _Admitted] = {}
+        """Identities claimed and not yet resolved -> their batch."""
+        self.finished: list[Resolved] = []
+        """Claims whose execution ended; their release goes into the next transaction."""
+        self.tasks: set[asyncio.Task[Resolved]] = set()
         self.failure: BaseException | None = None
         self.progress = asyncio.Event()
         """Set whenever an execution ends."""
@@ -133,13 +134,13 @@ class ClaimWindow:
         if started:
             await self._start(started)
 
-    async def _commit(self, finished: list[Item], incoming: Batch | None, *,
-                      flush_offsets: bool) -> list[Item]:
+    async def _commit(self, finished: list[Resolved], incoming: Batch | None, *,
+                      flush_offsets: bool) -> list[Claim]:
         """The transaction of :meth:`step`; returns the claims it made (to run now)."""
         await self.steps.resolve_feedback(finished)
-        claims = incoming.leaders if incoming is not None else []
-        ending = Counter(id(self.claimed[it.identity][1]) for it in finished)
-        entered = _Admitted(incoming, len(claims)) if incoming is not None else None
+        leaders = incoming.leaders if incoming is not None else ()
+        ending = Counter(id(self.claimed[r.identity]) for r in finished)
+        entered = _Admitted(incoming, len(leaders)) if incoming is not None else None
         window = [*self.admitted, entered] if entered is not None else list(self.admitted)
         left = {id(a): a.unresolved - ending[id(a)] for a in window}
         # Batches whose last leader resolves now (a batch without leaders as it enters).
@@ -158,12 +159,11 @@ class ClaimWindow:
         self.steps.write_resolution(finished, cp)
         for adm in resolving:
             self.steps.write_others(adm.batch.others(), cp)
-        if claims:
-            self.steps.write_claims(claims, cp)
+        claims = self.steps.write_claims(leaders, cp) if leaders else []
         await cp.commit(marks=marks, expiring=expiring, before_commit=lambda: resolution_failpoints(finished))
         # Committed: the window moves.
-        for it in finished:
-            del self.claimed[it.identity]
+        for r in finished:
+            self.claimed.pop(r.identity).results.append(r)
         for adm in window:
             adm.unresolved = left[id(adm)]
         if entered is not None:
@@ -172,15 +172,15 @@ class ClaimWindow:
             self.admitted.popleft()
         self.offsets.resolve(span)
         for adm in resolving:
-            self.steps.account(adm.batch)
+            self.steps.account(adm.batch, adm.results)
         if claims:
             self.steps.metrics.inc("claims", len(claims))
             failpoints.hit("after_claim")
         if marks is not None:
             self.offsets_sent(marks)
         if entered is not None:
-            for it in claims:
-                self.claimed[it.identity] = (it, entered)
+            for c in claims:
+                self.claimed[c.identity] = entered
         return claims
 
     def offsets_sent(self, marks: Marks) -> None:
@@ -190,21 +190,17 @@ class ClaimWindow:
                                      partition=str(self.steps.partition))
         failpoints.hit("after_commit")
 
-    async def _start(self, claims: list[Item]) -> None:
+    async def _start(self, claims: list[Claim]) -> None:
         """Run the new claims: in this task until a handler first suspends, then as tasks."""
-        # An item whose attempts are exhausted already holds its (FAILED) outcome: never run it.
-        runnable = [it for it in claims if it.outcome is None]
-        self.finished.extend(it for it in claims if it.outcome is not None)
         if not self.steps.concurrent:
-            await self.steps.execute_all(runnable)
-            self.finished.extend(runnable)
+            self.finished.extend(await self.steps.execute_all(claims))
             return
-        for it in runnable:
-            task = asyncio.ensure_future(self.steps.execute(it))
+        for c in claims:
+            task = asyncio.ensure_future(self.steps.execute(c))
             self.tasks.add(task)
-            task.add_done_callback(functools.partial(self._ended, it))
+            task.add_done_callback(self._ended)
 
-    def _ended(self, it: Item, task: asyncio.Task[None]) -> None:
+    def _ended(self, task: asyncio.Task[Resolved]) -> None:
         self.tasks.discard(task)
         if task.cancelled():
             return
@@ -213,7 +209,7 @@ class ClaimWindow:
             if self.failure is None:
                 self.failure = exc
         else:
-            self.finished.append(it)
+            self.finished.append(task.result())
         self.progress.set()
         self.notify()
 

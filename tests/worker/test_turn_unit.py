@@ -324,7 +324,7 @@ async def test_a_redriven_delay_record_commits_its_delay_offset() -> None:
     runner = await w.runner()
     runner.offsets.note_delayed(rec.offset)  # as intake does when it indexes the record
     batch = runner.prepare([rec])
-    assert (batch.next_offset, batch.delayed) == (None, [rec.offset])
+    assert (batch.next_offset, batch.delayed) == (None, (rec.offset,))
     await runner.step(batch)
     mark = w.committed(w.sched.delay_topic)
     assert mark is None or mark <= rec.offset  # never past the executing record

@@ -110,7 +110,7 @@ async def test_a_record_of_an_identity_in_the_window_follows_it_and_never_runs_t
     await runner.step(runner.prepare([first]))
     await until(lambda: g.running == {"dup"}, "the first delivery to run")
     batch = runner.prepare([again])
-    assert batch.leaders == [] and batch.items[0].follower
+    assert batch.leaders == () and batch.items[0].follower
     await runner.step(batch)
     g.gate("dup").set()
     await runner.drain()
