@@ -10,8 +10,6 @@ The fake consumer stands in for a :class:`~streamsched.kafka.protocols.ReadConsu
 assigned partitions); group membership and metadata lookups
 (:class:`~streamsched.kafka.protocols.GroupConsumer`) are not faked.
 
-A known gap is marked with ``type: ignore`` and what is missing: mypy (``warn_unused_ignores``
-under strict) then fails once the fake is fixed, so the mark cannot outlive the gap.
 """
 
 from __future__ import annotations
@@ -49,23 +47,17 @@ def _read_consumer(c: FakeConsumer) -> ReadConsumer:
     return c
 
 
-# Gap: BatchMetadata.timestamp is ``int | None`` (FakeBatch.append passes None through when no
-# timestamp is given); aiokafka always answers an int (the current time in ms).
 def _appended(md: BatchMetadata) -> AppendedRecord:
-    return md  # type: ignore[return-value]
+    return md
 
 
-# Gap: follows from BatchMetadata above (FakeBatch.append's return type).
 def _batch(b: FakeBatch) -> RecordBatch:
-    return b  # type: ignore[return-value]
+    return b
 
 
-# Gaps: FakeBatch above, and FakeProducer.send_batch takes ``batch: FakeBatch`` where the Protocol
-# takes any RecordBatch (the one its create_batch made; aiokafka fails at run time on another).
 def _producer(p: FakeProducer) -> Producer:
-    return p  # type: ignore[return-value]
+    return p
 
 
-# Gaps: as _producer (the transaction calls themselves conform).
 def _transactional_producer(p: FakeProducer) -> TransactionalProducer:
-    return p  # type: ignore[return-value]
+    return p

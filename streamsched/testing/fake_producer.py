@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from aiokafka.errors import IllegalOperation, ProducerFenced
 
+from streamsched.kafka.protocols import RecordBatch
 from streamsched.testing.fake_cluster import FakeCluster, TxnState
 from streamsched.testing.fake_types import (
     DEFAULT_BATCH_BYTES,
@@ -56,7 +58,9 @@ class FakeBatch:
         ts_ms = None if timestamp is None else int(timestamp * 1000)
         self.records.append((key, value, tuple(headers), ts_ms))
         self._bytes += size
-        return BatchMetadata(len(self.records) - 1, size, ts_ms)
+        # aiokafka answers the time it stamps when none is given (the record keeps the log's).
+        stamped = ts_ms if ts_ms is not None else time.time_ns() // 1_000_000
+        return BatchMetadata(len(self.records) - 1, size, stamped)
 
     def record_count(self) -> int:
         return len(self.records)
@@ -231,9 +235,12 @@ class FakeProducer:
     def create_batch(self) -> FakeBatch:
         return FakeBatch(self.max_batch_size)
 
-    async def send_batch(self, batch: FakeBatch, topic: str, *,
+    async def send_batch(self, batch: RecordBatch, topic: str, *,
                          partition: int) -> asyncio.Future[RecordMetadata]:
-        """Write a whole batch to one partition; resolves to the metadata of its first record."""
+        """Write a whole batch to one partition; resolves to the metadata of its first record.
+        Only a batch this producer's :meth:`create_batch` made (aiokafka fails on another too)."""
+        if not isinstance(batch, FakeBatch):
+            raise TypeError(f"send_batch takes a batch of create_batch(), not {type(batch).__name__}")
         await self._entered("send_batch")
         self.kafka.choose_partition(topic, None, partition)  # validates the partition
         txn = self._writing("send_batch")

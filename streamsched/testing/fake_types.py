@@ -47,7 +47,7 @@ class BatchMetadata(NamedTuple):
     offset: int
     """Offset relative to the batch's first record."""
     size: int
-    timestamp: int | None
+    timestamp: int
 
 
 @dataclass(frozen=True, slots=True)
