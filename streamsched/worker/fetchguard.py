@@ -42,10 +42,11 @@ import contextlib
 import logging
 import operator
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Final, TypeAlias
 
 from streamsched.kafka.codecs import UndecodableBatch, failed_partition
+from streamsched.kafka.protocols import ConsumerRecord, PartitionKey, ReadConsumer, TopicPartitionLike
 from streamsched.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,10 @@ IDLE_WAIT_S: Final = 0.1
 """Wait of a round with nothing to fetch in one ``getmany`` (its own timeout otherwise)."""
 
 
+Fetched: TypeAlias = dict[PartitionKey, list[ConsumerRecord]]
+"""Records of one fetch round, by partition."""
+
+
 class FetchGuard:
     """``getmany`` for the worker's intake, with undecodable batches confined to their partition.
 
@@ -64,30 +69,30 @@ class FetchGuard:
     dropped (:meth:`dropped`) and which partitions it no longer owns (:meth:`forget`).
     """
 
-    def __init__(self, metrics: Metrics, kind_of: Callable[[Any], str]) -> None:
+    def __init__(self, metrics: Metrics, kind_of: Callable[[TopicPartitionLike], str]) -> None:
         self.metrics = metrics
         self.kind_of = kind_of
-        self.next: dict[Any, int] = {}
+        self.next: dict[PartitionKey, int] = {}
         """Next offset wanted per partition (only for partitions whose records are handed on)."""
-        self.careful: dict[Any, float] = {}
+        self.careful: dict[PartitionKey, float] = {}
         """Suspect partitions -> monotonic time their suspicion ends."""
-        self.stopped: dict[Any, UndecodableBatch] = {}
+        self.stopped: dict[PartitionKey, UndecodableBatch] = {}
         """Partitions stopped at a batch that cannot be decoded, with the reason."""
 
     # --- what the intake tells the guard -----------------------------------------------------------
 
-    def sought(self, tp: Any, offset: int) -> None:
+    def sought(self, tp: TopicPartitionLike, offset: int) -> None:
         self.next[tp] = offset
 
-    def delivered(self, tp: Any, records: list[Any]) -> None:
+    def delivered(self, tp: TopicPartitionLike, records: Sequence[ConsumerRecord]) -> None:
         if records:
             self.next[tp] = int(records[-1].offset) + 1
 
-    def dropped(self, tp: Any) -> None:
+    def dropped(self, tp: TopicPartitionLike) -> None:
         """Records of ``tp`` were not handed on (no live owner): its next owner seeks."""
         self.next.pop(tp, None)
 
-    def forget(self, tp: Any) -> None:
+    def forget(self, tp: TopicPartitionLike) -> None:
         self.next.pop(tp, None)
         self.careful.pop(tp, None)
         err = self.stopped.pop(tp, None)
@@ -96,19 +101,19 @@ class FetchGuard:
             self.metrics.set_gauge("partition_stopped", 0, partition=str(tp.partition), kind=kind,
                                    reason=err.reason)
 
-    def holds(self, tp: Any) -> bool:
+    def holds(self, tp: TopicPartitionLike) -> bool:
         """``tp`` must stay paused (stopped at an undecodable batch)."""
         return tp in self.stopped
 
     # --- the fetch --------------------------------------------------------------------------------
 
-    async def fetch(self, consumer: Any, max_records: int, stop: asyncio.Event) -> dict[Any, list[Any]]:
+    async def fetch(self, consumer: ReadConsumer, max_records: int, stop: asyncio.Event) -> Fetched:
         """One round of records: suspects record by record, the rest in one ``getmany``; never a
         record at or before one already handed on (point 4)."""
         return self._fresh(await self._round(consumer, max_records, stop))
 
-    async def _round(self, consumer: Any, max_records: int, stop: asyncio.Event) -> dict[Any, list[Any]]:
-        out: dict[Any, list[Any]] = {}
+    async def _round(self, consumer: ReadConsumer, max_records: int, stop: asyncio.Event) -> Fetched:
+        out: Fetched = {}
         now = time.monotonic()
         for tp, until in list(self.careful.items()):
             if until <= now:
@@ -135,9 +140,9 @@ class FetchGuard:
         out.update(got)
         return out
 
-    def _fresh(self, fetched: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
+    def _fresh(self, fetched: Fetched) -> Fetched:
         """``fetched`` without records at or before an offset already handed on (point 4)."""
-        out: dict[Any, list[Any]] = {}
+        out: Fetched = {}
         for tp, records in fetched.items():
             if not records:
                 continue
@@ -148,7 +153,7 @@ class FetchGuard:
             if (floor is None or offsets[0] >= floor) and all(map(operator.lt, offsets, offsets[1:])):
                 out[tp] = records
                 continue
-            kept: list[Any] = []
+            kept: list[ConsumerRecord] = []
             again: list[int] = []
             for rec, offset in zip(records, offsets, strict=True):
                 if floor is not None and offset < floor:
@@ -164,9 +169,10 @@ class FetchGuard:
                 out[tp] = kept
         return out
 
-    async def _careful(self, consumer: Any, tp: Any, budget: int, out: dict[Any, list[Any]]) -> None:
+    async def _careful(self, consumer: ReadConsumer, tp: TopicPartitionLike, budget: int,
+                       out: Fetched) -> None:
         """Read suspect ``tp`` one record per ``getmany``: a failure then loses nothing."""
-        records: list[Any] = []
+        records: list[ConsumerRecord] = []
         try:
             for _ in range(budget):
                 got = await consumer.getmany(tp, timeout_ms=0, max_records=1)
@@ -181,7 +187,7 @@ class FetchGuard:
         if records:
             out[tp] = records
 
-    def _suspect(self, consumer: Any, tp: Any, exc: BaseException) -> None:
+    def _suspect(self, consumer: ReadConsumer, tp: TopicPartitionLike, exc: BaseException) -> None:
         # The failed getmany dropped what it had drained: every partition back to where we are.
         assignment = consumer.assignment()
         for other, offset in self.next.items():
@@ -193,7 +199,8 @@ class FetchGuard:
         log.warning("%s[%d]: a fetched record batch did not decode (%s); reading it record by record",
                     tp.topic, tp.partition, type(exc).__name__)
 
-    def _stop(self, consumer: Any, tp: Any, offset: int | None, exc: BaseException) -> None:
+    def _stop(self, consumer: ReadConsumer, tp: TopicPartitionLike, offset: int | None,
+              exc: BaseException) -> None:
         err = UndecodableBatch(tp.topic, tp.partition, offset, exc)
         self.careful.pop(tp, None)
         self.stopped[tp] = err
