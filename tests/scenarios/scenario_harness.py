@@ -66,9 +66,11 @@ class Harness(Protocol):
     async def schedule_history(self, name: str) -> list[HistoryRow]: ...
 
 
-def _event(target: str, now_ns: int, *, type: str, tenant: str, due_ns: int, payload: object) -> TransitionEvent:
-    return TransitionEvent(event_id=uuid.uuid4().hex, type=type, tenant=tenant, target=(target,), due_ns=due_ns,
-                           payload=json_dumps({} if payload is None else payload), produced_ns=now_ns)
+def _event(target: str, now_ns: int, *, type: str, tenant: str, due_ns: int,
+           payload: object) -> TransitionEvent:
+    return TransitionEvent(event_id=uuid.uuid4().hex, type=type, tenant=tenant, target=(target,),
+                           due_ns=due_ns, payload=json_dumps({} if payload is None else payload),
+                           produced_ns=now_ns)
 
 
 class VirtualHarness:
@@ -242,5 +244,6 @@ class KafkaRig:
                     members.append(bool(ticker.owners.items()) and ticker.ready)
                 return all(members)
 
-            await wait_for(ready, timeout=60, interval=0.1, what="the workers (and ticker) to own their partitions")
+            await wait_for(ready, timeout=60, interval=0.1,
+                           what="the workers (and the ticker) to own their partitions")
             yield KafkaHarness(self.bootstrap, schedulers, catalog)

@@ -7,6 +7,10 @@ makes a TestApp unit test worth trusting.
 from __future__ import annotations
 
 import collections
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from scenario_harness import Harness, Rig
 
@@ -28,32 +32,43 @@ from streamsched.model.jsonval import json_loads
 S = 1_000_000_000
 
 
-def recording_app(rig: Rig, run: object = None, **options: object) -> tuple[App, list[tuple[CommandContext, int]]]:
-    """One scheduler whose external command records (context, harness time); ``run(ctx)`` may raise."""
-    app = App("scenario")
-    calls: list[tuple[CommandContext, int]] = []
-    clock: list[Harness] = []
+@dataclass
+class Recording:
+    """One scheduler whose external command records (context, harness time) per call."""
+
+    app: App
+    calls: list[tuple[CommandContext, int]] = field(default_factory=list)
+    harness: Harness | None = None
+    """Set once the app runs: the call times are the harness's clock (virtual or real)."""
+
+
+def recording_app(rig: Rig, run: Callable[[CommandContext], None] | None = None,
+                  **options: Any) -> Recording:
+    """``run(ctx)`` (may raise) is what the command does besides recording."""
+    rec = Recording(App("scenario"))
 
     @external_command()
     async def charge(ctx: CommandContext) -> str:
-        calls.append((ctx, clock[0].now_ns()))
-        if callable(run):
+        assert rec.harness is not None
+        rec.calls.append((ctx, rec.harness.now_ns()))
+        if run is not None:
             run(ctx)
         return "charged"
 
-    @app.scheduler(name=rig.name("billing"), topic=rig.name("invoices"), selection=Selection("due", type="due"),
-                   commands=[charge], claim_duration_s=10, **options)
+    @rec.app.scheduler(name=rig.name("billing"), topic=rig.name("invoices"),
+                       selection=Selection("due", type="due"), commands=[charge], claim_duration_s=10,
+                       **options)
     async def charge_due(turn: Turn) -> None:
         await turn.commands.charge()
 
-    app.clock = clock  # type: ignore[attr-defined]  # the harness, once it runs (for call times)
-    return app, calls
+    return rec
 
 
 async def test_one_event_executes_once_and_its_outcome_is_stored(rig: Rig) -> None:
-    app, calls = recording_app(rig)
-    async with rig.run(app) as h:
-        app.clock.append(h)  # type: ignore[attr-defined]
+    rec = recording_app(rig)
+    calls = rec.calls
+    async with rig.run(rec.app) as h:
+        rec.harness = h
         ev = h.event("inv-1")
         await h.emit(ev)
 
@@ -71,9 +86,10 @@ async def test_one_event_executes_once_and_its_outcome_is_stored(rig: Rig) -> No
 
 
 async def test_duplicates_of_one_identity_execute_once(rig: Rig) -> None:
-    app, calls = recording_app(rig)
-    async with rig.run(app) as h:
-        app.clock.append(h)  # type: ignore[attr-defined]
+    rec = recording_app(rig)
+    calls = rec.calls
+    async with rig.run(rec.app) as h:
+        rec.harness = h
         dup = [h.event("inv-1") for _ in range(3)]  # three event ids, one identity
         other = h.event("inv-2")
         await h.emit(*dup, other)
@@ -95,9 +111,10 @@ async def test_a_transient_failure_retries_with_backoff_then_succeeds(rig: Rig) 
     # 1 s backoffs: longer than an in-place retry, so each retry parks in the delay topic.
     policy = RetryPolicy(initial_interval_s=1.0, backoff_coefficient=1.0, maximum_interval_s=1.0,
                          maximum_attempts=5, jitter=0.0)
-    app, calls = recording_app(rig, flaky, retry=policy)
-    async with rig.run(app) as h:
-        app.clock.append(h)  # type: ignore[attr-defined]
+    rec = recording_app(rig, flaky, retry=policy)
+    calls = rec.calls
+    async with rig.run(rec.app) as h:
+        rec.harness = h
         ev = h.event("inv-1")
         await h.emit(ev)
         await h.settle()
@@ -116,16 +133,17 @@ async def test_a_transient_failure_retries_with_backoff_then_succeeds(rig: Rig) 
         fences = [c.fence for c, _ in calls]
         assert fences == sorted(set(fences))  # a fresh, higher fence per delivery
         times = [t for _, t in calls]
-        assert all(b - a >= 0.95 * S for a, b in zip(times, times[1:], strict=False))  # the backoff
+        assert all(b - a >= 0.95 * S for a, b in itertools.pairwise(times))  # the backoff
 
 
 async def test_a_permanent_failure_is_dead_lettered_with_a_safe_reason(rig: Rig) -> None:
     def declined(ctx: CommandContext) -> None:
         raise Terminal("card 4111-1111-1111-1111 of alice@example.com declined")
 
-    app, calls = recording_app(rig, declined)
-    async with rig.run(app) as h:
-        app.clock.append(h)  # type: ignore[attr-defined]
+    rec = recording_app(rig, declined)
+    calls = rec.calls
+    async with rig.run(rec.app) as h:
+        rec.harness = h
         ev = h.event("inv-1", payload={"card": "4111-1111-1111-1111"})
         await h.emit(ev)
 
@@ -150,8 +168,8 @@ async def test_a_kafka_native_commands_events_are_visible(rig: Rig) -> None:
     def ship(ctx: CommandContext, *, order: str) -> list[Emit]:
         return [Emit.json(out, {"order": order, "fence": ctx.fence}, key=ctx.idempotency_key.encode())]
 
-    @app.scheduler(name=rig.name("shipping"), topic=rig.name("orders"), selection=Selection("due", type="due"),
-                   commands=[ship])
+    @app.scheduler(name=rig.name("shipping"), topic=rig.name("orders"),
+                   selection=Selection("due", type="due"), commands=[ship])
     async def ship_due(turn: Turn) -> None:
         await turn.commands.ship(order=turn.event.target[0])
 
@@ -170,9 +188,10 @@ async def test_a_kafka_native_commands_events_are_visible(rig: Rig) -> None:
 
 
 async def test_an_event_due_later_runs_only_when_due(rig: Rig) -> None:
-    app, calls = recording_app(rig)
-    async with rig.run(app) as h:
-        app.clock.append(h)  # type: ignore[attr-defined]
+    rec = recording_app(rig)
+    calls = rec.calls
+    async with rig.run(rec.app) as h:
+        rec.harness = h
         due = h.now_ns() + 2 * S
         ev = h.event("inv-1", due_ns=due)
         await h.emit(ev)
