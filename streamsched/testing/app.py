@@ -238,23 +238,21 @@ class TestApp:
         return s.resolve_identity(event.due_ns, event.tenant, event.target)
 
     def history(self, event: TransitionEvent | str | None = None, *, scheduler: str | None = None,
-                **fields: Any) -> list[ClaimState]:
-        """Every committed claim snapshot of the identity (an identity string, an event, or the
-        fields of one), oldest first: claims, releases, outcome; what a read_committed reader
-        of the state topic sees."""
+                **fields: Any) -> list[ClaimState | None]:
+        """Every committed snapshot of the identity (an identity string, an event, or the fields
+        of one), oldest first: claims, then the release with the outcome; ``None`` for the
+        tombstone written once the outcome passed the outcome horizon. What a read_committed
+        reader of the state topic sees."""
         identity = event if isinstance(event, str) else self.identity(event, scheduler=scheduler, **fields)
-        topics = {s.state_topic for s in self.schedulers.values()} if scheduler is None \
-            else {self.scheduler(scheduler).state_topic}
-        out = []
-        for topic in sorted(topics):
-            for rec in self.kafka.records(topic):
-                if rec.key == identity.encode() and rec.value is not None:
-                    out.append(decode_claim(rec.value))
-        return out
+        chosen = [self.scheduler(scheduler)] if scheduler is not None else list(self.schedulers.values())
+        key = identity.encode()
+        return [decode_claim(r.value) if r.value is not None else None
+                for s in chosen for r in self.kafka.records(s.state_topic) if r.key == key]
 
     def state(self, event: TransitionEvent | str | None = None, *, scheduler: str | None = None,
               **fields: Any) -> ClaimState | None:
-        """The identity's latest committed snapshot (None: never claimed)."""
+        """The identity's latest committed snapshot (None: never claimed, or forgotten after the
+        outcome horizon)."""
         snapshots = self.history(event, scheduler=scheduler, **fields)
         return snapshots[-1] if snapshots else None
 
