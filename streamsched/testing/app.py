@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from aiokafka.errors import UnknownTopicOrPartitionError
+
 from streamsched.errors import ConfigError
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome
@@ -111,7 +113,7 @@ class TestApp:
         """Create ``topic`` in the fake cluster unless it exists (``partitions``: else the default)."""
         try:
             self.kafka.partitions(topic)
-        except Exception:  # noqa: BLE001 - UnknownTopicOrPartitionError: create it
+        except UnknownTopicOrPartitionError:
             self.kafka.create_topic(topic, partitions or self._partition_count(topic))
         return topic
 
