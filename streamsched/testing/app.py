@@ -76,7 +76,9 @@ class TestApp:
         self.clock = VirtualClock(start_ns)
         self.kafka = FakeKafka(clock_ms=self.clock.ms)
         self._partitions = partitions
-        self._rigs = [SchedulerRig(s, self.kafka, self.clock, owner=owner, seed=seed) for s in chosen]
+        self._owner, self._seed = owner, seed
+        self._incarnations = itertools.count(1)
+        self._rigs = self._new_rigs()
         self._clocked: list[Clocked] = []
         self._ids = itertools.count(1)
         self.timeout_s = timeout_s if timeout_s is not None else max(
@@ -108,6 +110,29 @@ class TestApp:
         self._started = False
         for rig in self._rigs:
             await rig.stop()
+
+    async def restart(self, *, crash: bool = False) -> None:
+        """Replace the worker by a new process (a new owner id), which fences the old one,
+        restores the claim state from the state topic and resumes at the committed offsets.
+
+        ``crash=True``: the old one dies at once instead of draining: running handlers are
+        cancelled mid-effect, its open transactions stay open until the new owner's producers
+        fence them, nothing it had not committed counts. A claim it committed is honoured until
+        its lease expires (``advance`` past it), then taken over with a higher fence.
+        """
+        if crash:
+            for rig in self._rigs:
+                await rig.crash()
+            self._started = False
+        else:
+            await self.stop()
+        self._rigs = self._new_rigs()
+        await self.start()
+
+    def _new_rigs(self) -> list[SchedulerRig]:
+        owner = f"{self._owner}-{next(self._incarnations)}"
+        return [SchedulerRig(s, self.kafka, self.clock, owner=owner, seed=self._seed)
+                for s in self.schedulers.values()]
 
     def ensure_topic(self, topic: str, partitions: int | None = None) -> str:
         """Create ``topic`` in the fake cluster unless it exists (``partitions``: else the default)."""

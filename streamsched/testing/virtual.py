@@ -22,6 +22,7 @@ timeout of a handler that suspends (an ``asyncio.timeout`` of the lease's remain
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -176,6 +177,18 @@ class SchedulerRig:
         self.parts.clear()
         if errors:
             raise errors[0]
+
+    async def crash(self) -> None:
+        """The process dies: every runner is cancelled where it is (mid-handler, mid-transaction),
+        nothing drains, the producers are left as they are (a successor fences them)."""
+        for part in self.parts.values():
+            part.owner.stopping = True  # not a failure to report (see check)
+            part.task.cancel()
+        for part in self.parts.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await part.task
+        self.parts.clear()
+        self.consumer.assign([])
 
     def wake_all(self) -> None:
         """The clock moved: every runner looks again (a horizon scan may be due now)."""

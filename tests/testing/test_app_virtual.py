@@ -7,6 +7,7 @@ offsets never ahead of state, one transactional id per partition).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import pytest
@@ -189,3 +190,42 @@ async def test_misuse_is_refused_with_a_clear_error() -> None:
             await t.advance(seconds=-1)
         with pytest.raises(ConfigError, match="no scheduler"):
             t.scheduler("nope")
+
+
+async def test_a_crash_mid_effect_waits_out_the_lease_then_runs_again_with_a_higher_fence() -> None:
+    app = App("billing")
+    calls: list[CommandContext] = []
+    running = asyncio.Event()
+
+    @external_command()
+    async def charge(ctx: CommandContext) -> None:
+        calls.append(ctx)
+        if len(calls) == 1:
+            running.set()
+            await asyncio.Event().wait()  # the process dies here, mid-effect
+
+    @app.scheduler(topic="invoices", selection=Selection("due", type="due"), commands=[charge],
+                   claim_duration_s=10)
+    async def charge_due(turn: Turn) -> None:
+        await turn.commands.charge()
+
+    async with TestApp(app) as t:
+        ev = t.event("due", "acme", ["inv-1"])
+        emitting = asyncio.create_task(t.emit(ev))
+        await asyncio.wait_for(running.wait(), 10)
+        await t.restart(crash=True)
+        await emitting
+        claim = t.state(ev)
+        assert claim is not None and claim.status is ClaimStatus.CLAIMED and t.outcome(ev) is None
+        assert claim.lease_expires_ns == DEFAULT_START_NS + 10 * S
+        await t.advance(seconds=9)
+        assert len(calls) == 1  # the dead owner's lease is honoured
+        await t.advance(seconds=1)
+        first, second = calls
+        assert second.idempotency_key == first.idempotency_key
+        assert (first.fence, second.fence) == (1, 2) and second.ordinal == 2
+        outcome = t.outcome(ev)
+        assert outcome is not None and outcome.kind is OutcomeKind.SUCCEEDED and outcome.fence == 2
+        # The crashed owner's producer is fenced: nothing it could still send would count.
+        s = t.scheduler()
+        assert t.kafka.committed(s.group, s.topic, 0) == t.kafka.last_stable_offset(s.topic, 0)
