@@ -30,6 +30,9 @@ from streamsched.model.claims import OutcomeKind
 from streamsched.model.jsonval import json_loads
 
 S = 1_000_000_000
+BACKOFF_S = 3.0
+"""Backoffs and due times: long enough that on a real broker a check made right after an event
+is resolved always comes before its retry or due time."""
 
 
 @dataclass
@@ -108,8 +111,9 @@ async def test_a_transient_failure_retries_with_backoff_then_succeeds(rig: Rig) 
         if ctx.attempt < 3:
             raise Retryable("the payment service is busy")
 
-    # 1 s backoffs: longer than an in-place retry, so each retry parks in the delay topic.
-    policy = RetryPolicy(initial_interval_s=1.0, backoff_coefficient=1.0, maximum_interval_s=1.0,
+    # 3 s backoffs: longer than an in-place retry, so each retry parks in the delay topic (and
+    # long enough that on the broker the check after the first failure comes before the retry).
+    policy = RetryPolicy(initial_interval_s=BACKOFF_S, backoff_coefficient=1.0, maximum_interval_s=BACKOFF_S,
                          maximum_attempts=5, jitter=0.0)
     rec = recording_app(rig, flaky, retry=policy)
     calls = rec.calls
@@ -121,7 +125,7 @@ async def test_a_transient_failure_retries_with_backoff_then_succeeds(rig: Rig) 
         assert [c.attempt for c, _ in calls] == [1]
         assert await h.outcome(ev) is None  # parked, released without an outcome
 
-        await h.advance(2.5)
+        await h.advance(2 * BACKOFF_S + 0.5)
 
         async def succeeded() -> bool:
             out = await h.outcome(ev)
@@ -133,7 +137,7 @@ async def test_a_transient_failure_retries_with_backoff_then_succeeds(rig: Rig) 
         fences = [c.fence for c, _ in calls]
         assert fences == sorted(set(fences))  # a fresh, higher fence per delivery
         times = [t for _, t in calls]
-        assert all(b - a >= 0.95 * S for a, b in itertools.pairwise(times))  # the backoff
+        assert all(b - a >= 0.95 * BACKOFF_S * S for a, b in itertools.pairwise(times))  # the backoff
 
 
 async def test_a_permanent_failure_is_dead_lettered_with_a_safe_reason(rig: Rig) -> None:
@@ -192,13 +196,13 @@ async def test_an_event_due_later_runs_only_when_due(rig: Rig) -> None:
     calls = rec.calls
     async with rig.run(rec.app) as h:
         rec.harness = h
-        due = h.now_ns() + 2 * S
+        due = h.now_ns() + int(BACKOFF_S * S)
         ev = h.event("inv-1", due_ns=due)
         await h.emit(ev)
         await h.settle()
         assert calls == [] and await h.outcome(ev) is None  # waiting in the delay topic
 
-        await h.advance(2.5)
+        await h.advance(BACKOFF_S + 0.5)
 
         async def ran() -> bool:
             return await h.outcome(ev) is not None
