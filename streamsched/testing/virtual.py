@@ -40,6 +40,7 @@ from streamsched.worker.turn import TurnRunner
 
 if TYPE_CHECKING:
     from streamsched.kafka.owner import PartitionOwner
+    from streamsched.kafka.protocols import ConsumerRecord, TransactionalProducer
 
 __all__ = ["Clocked", "SchedulerRig", "VirtualClock"]
 
@@ -140,12 +141,13 @@ class SchedulerRig:
             for rec in kafka.records(s.state_topic, p):
                 state.apply_record(rec.value, rec.key)
             # commit_interval_s=0: every flush commits at once, so "idle" never waits on a timer.
-            turns = TurnRunner(s, p, producer, state, owner=self.owner, metrics=self.metrics,
-                               clock=self.clock, commit_interval_s=0.0, partitions=n,
-                               feedback_lookup=lookup)
+            # The cast: fake_conformance.py's known FakeBatch gap (the transaction calls conform).
+            turns = TurnRunner(s, p, cast("TransactionalProducer", producer), state, owner=self.owner,
+                               metrics=self.metrics, clock=self.clock, commit_interval_s=0.0,
+                               partitions=n, feedback_lookup=lookup)
             # Backoff jitter from a seeded generator: a retry is due at the same virtual time on
-            # every run. (TurnRunner takes no rng; its generator is replaced, nothing else.)
-            turns._rng = random.Random(f"{self.seed}:{s.name}:{p}")
+            # every run. (TurnRunner takes no rng; its steps' generator is replaced, nothing else.)
+            turns.window.steps.rng = random.Random(f"{self.seed}:{s.name}:{p}")
             resume = {tp: kafka.committed(s.group, tp.topic, tp.partition) or 0 for tp in pair}
             for tp, offset in resume.items():
                 self.consumer.seek(tp, offset)
@@ -203,9 +205,11 @@ class SchedulerRig:
                 raise RuntimeError(f"partition {part.owner.partition} of {self.s.name} stopped")
 
     def quiet(self) -> bool:
-        """Every runner waits for records with nothing in hand."""
+        """Every runner waits for records with nothing in hand: none queued, none executing,
+        nothing unresolved or uncommitted."""
         self.check()
-        return all(p.wake.parked and not p.wake.is_set() and not p.runner.queue for p in self.parts.values())
+        return all(p.wake.parked and not p.wake.is_set() and not p.runner.queue and p.runner.turns.idle
+                   for p in self.parts.values())
 
     def next_due_ns(self) -> int | None:
         return self.due.next_due_ns()
@@ -226,7 +230,7 @@ class SchedulerRig:
         while True:  # the due index, a page at a time, at the VIRTUAL now
             page = self.due.sweep(self.clock())
             for item in page:
-                self.parts[item.partition].runner.offer([item.ref])
+                self.parts[item.partition].runner.offer([cast("ConsumerRecord", item.ref)])
                 moved = True
             if len(page) < self.due.page_size:
                 break
