@@ -77,8 +77,10 @@ class Clocked(Protocol):
 class _Wake(asyncio.Event):
     """A partition runner's wake-up event that also tells whether the runner waits on it.
 
-    The runner waits on it only when it has nothing in hand and nothing to flush (with a commit
-    interval of 0 a flush is never deferred), so "waiting, queue empty, not woken" is "idle".
+    The runner waits on it when it has nothing to take in and nothing to flush now: either it is
+    idle, or executions are still running (each one wakes it when it ends). With a commit
+    interval of 0 a flush is never deferred, so "waiting, not woken, nothing queued, the turn
+    idle" is quiet for good until new input comes.
     """
 
     parked = False
