@@ -2,6 +2,8 @@
 
 Nothing here mocks Kafka: workers run as child processes of ``streamsched run`` so that crash
 tests can SIGKILL / SIGSTOP them, and waiting is always a polled condition with a deadline.
+The broker-free layer beneath them is :class:`TestApp` (:mod:`streamsched.testing.app`), imported
+on first use so that loading this package (the pytest plugin does) does not load the worker.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from streamsched.model.jsonval import json_dumps
 from streamsched.model.names import internal_topic
 
 if TYPE_CHECKING:
+    from streamsched.testing.app import TestApp as TestApp
     from streamsched.worker.app import SchedulerDef
     from streamsched.worker.intake import Worker
 
@@ -240,3 +243,11 @@ class WorkerProcess:
                                  f"{self.log_tail()}") from None
         if code != -signal.SIGKILL:
             raise AssertionError(f"worker {self.pid} exited with {code}, not SIGKILL\n{self.log_tail()}")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TestApp":
+        from streamsched.testing.app import TestApp as TestApp
+
+        return TestApp
+    raise AttributeError(f"module 'streamsched.testing' has no attribute {name!r}")
