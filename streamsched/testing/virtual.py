@@ -40,7 +40,7 @@ from streamsched.worker.turn import TurnRunner
 
 if TYPE_CHECKING:
     from streamsched.kafka.owner import PartitionOwner
-    from streamsched.kafka.protocols import ConsumerRecord, TransactionalProducer
+    from streamsched.kafka.protocols import ConsumerRecord
 
 __all__ = ["Clocked", "SchedulerRig", "VirtualClock"]
 
@@ -143,13 +143,12 @@ class SchedulerRig:
             for rec in kafka.records(s.state_topic, p):
                 state.apply_record(rec.value, rec.key)
             # commit_interval_s=0: every flush commits at once, so "idle" never waits on a timer.
-            # The cast: fake_conformance.py's known FakeBatch gap (the transaction calls conform).
-            turns = TurnRunner(s, p, cast("TransactionalProducer", producer), state, owner=self.owner,
-                               metrics=self.metrics, clock=self.clock, commit_interval_s=0.0,
-                               partitions=n, feedback_lookup=lookup)
             # Backoff jitter from a seeded generator: a retry is due at the same virtual time on
-            # every run. (TurnRunner takes no rng; its steps' generator is replaced, nothing else.)
-            turns.window.steps.rng = random.Random(f"{self.seed}:{s.name}:{p}")
+            # every run.
+            turns = TurnRunner(s, p, producer, state, owner=self.owner,
+                               metrics=self.metrics, clock=self.clock, commit_interval_s=0.0,
+                               partitions=n, feedback_lookup=lookup,
+                               rng=random.Random(f"{self.seed}:{s.name}:{p}"))
             resume = {tp: kafka.committed(s.group, tp.topic, tp.partition) or 0 for tp in pair}
             for tp, offset in resume.items():
                 self.consumer.seek(tp, offset)

@@ -68,7 +68,8 @@ class PartitionSteps:
     """Claim, execute, resolve and account for the items of one partition."""
 
     def __init__(self, scheduler: SchedulerDef, partition: int, *, owner: str, metrics: Metrics,
-                 clock: Callable[[], int], retry: RetryPolicy, feedback: FeedbackTopics) -> None:
+                 clock: Callable[[], int], retry: RetryPolicy, feedback: FeedbackTopics,
+                 rng: random.Random | None = None) -> None:
         self.scheduler = scheduler
         self.partition = partition
         self.owner = owner
@@ -76,7 +77,7 @@ class PartitionSteps:
         self.clock = clock
         self.retry = retry
         self.feedback = feedback
-        self.rng = random.Random()
+        self.rng = rng or random.Random()
         self.records = Records(scheduler.topic, partition, scheduler.delay_topic,
                                scheduler.dead_letter_topic, metrics)
         self.concurrent = False

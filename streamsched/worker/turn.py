@@ -54,6 +54,7 @@ resolved its last item), not once per item.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 
@@ -85,13 +86,14 @@ class TurnRunner:
                  retry: RetryPolicy | None = None, commit_interval_s: float = 0.1,
                  bootstrap: clients.Conn = "", partitions: int | None = None,
                  feedback_lookup: Lookup | None = None, claim_first: bool | None = None,
-                 txn_deadline_s: float = TXN_DEADLINE_S) -> None:
+                 txn_deadline_s: float = TXN_DEADLINE_S, rng: random.Random | None = None) -> None:
         """``partitions``: the transition topic's partition count (asked of the producer's
         metadata before the first batch when not given). ``feedback_lookup``: how a schedule
         feedback topic's partition count is found (default: an admin request via ``bootstrap``).
         ``claim_first``: the transaction shape (module docs); by default claim-first exactly
         when the scheduler has an external command. ``commit_interval_s``: how often offsets
         ride in a transaction under load, and how long a Kafka-native transaction gathers.
+        ``rng``: the source of retry jitter (seeded by tests that must replay exactly).
         """
         self.scheduler = scheduler
         self.partition = partition
@@ -104,7 +106,7 @@ class TurnRunner:
         self.claim_first = claim_first if claim_first is not None else any(
             isinstance(c, ExternalCommand) for c in scheduler.commands.values())
         steps = PartitionSteps(scheduler, partition, owner=owner, metrics=metrics, clock=clock,
-                               retry=retry or scheduler.retry,
+                               retry=retry or scheduler.retry, rng=rng,
                                feedback=FeedbackTopics(feedback_lookup or admin_lookup(bootstrap), metrics))
         self._txn = txn = TxnSettings(producer, state, scheduler.state_topic, partition, metrics,
                                       txn_deadline_s,
