@@ -49,10 +49,10 @@ class PartitionRunner:
         """Turns until the owner stops, then resolve and commit everything in hand."""
         try:
             await self._turns()
+            await self.turns.drain()
         except BaseException:
-            self.turns.abandon()  # no execution outlives its owner
+            self.turns.abandon()  # no execution outlives its owner (a failure, a hard stop)
             raise
-        await self.turns.drain()
 
     async def _turns(self) -> None:
         s, turns = self.scheduler, self.turns
