@@ -138,3 +138,25 @@ async def test_a_failed_transaction_leaves_the_window_as_it_was() -> None:
         raise AssertionError("the failed commit must raise")
     assert len(runner.window.finished) == 1 and runner.pending is not None
     assert w.latest(w.identity(event("a"))).status is ClaimStatus.CLAIMED and w.committed() is None
+
+
+async def test_abandon_cancels_every_running_execution() -> None:
+    # An owner that fails or is stopped hard: no execution of its window may go on beside the
+    # next owner (which claims the same identities with a higher fence).
+    g = Gates()
+    cancelled: list[str] = []
+
+    async def handler(turn: Turn) -> None:
+        try:
+            await g.handler(turn)
+        except asyncio.CancelledError:
+            cancelled.append(turn.event.target[0])
+            raise
+
+    w = World(handler_fn=handler)
+    runner = await windowed(w, 4)
+    await runner.step(runner.prepare([w.produce(event(t)) for t in ("a", "b")]))
+    await until(lambda: g.running == {"a", "b"}, "both to run")
+    runner.abandon()
+    await until(lambda: not runner.window.tasks, "the tasks to end")
+    assert sorted(cancelled) == ["a", "b"] and runner.window.finished == [] and w.outputs() == []
