@@ -381,7 +381,8 @@ def _refresh_metadata_on_offset_errors(consumer: object) -> None:
     already refreshes on such errors; a second forced update is coalesced by the client.
     """
     client = compat.client_of(consumer)
-    if client is None or not compat.on_offset_lookup_error(consumer, client.force_metadata_update):
+    # Looked up at each failure, not bound now: the client's method is what a refresh calls.
+    if client is None or not compat.on_offset_lookup_error(consumer, lambda: client.force_metadata_update()):
         # A different aiokafka: keep working on the short metadata max age alone.
         log.warning("aiokafka fetcher internals changed; offset-lookup failures will not force "
                     "a metadata refresh")
