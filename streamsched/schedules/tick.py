@@ -39,27 +39,30 @@ import contextlib
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from streamsched import failpoints
 from streamsched.errors import DecodeError, InvalidSpec
 from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_count
+from streamsched.kafka.changelog import PartitionReader
 from streamsched.kafka.owner import PartitionOwner
-from streamsched.kafka.reads import read_partition
+from streamsched.kafka.progress import Progress
+from streamsched.kafka.protocols import PartitionKey
 from streamsched.kafka.txn import transaction
 from streamsched.kafka.writer import GroupedWriter
+from streamsched.metrics import Metrics
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import route_key
 from streamsched.model.limits import MAX_HISTORY_ROWS
 from streamsched.model.schedule import Definition, HistoryRow, ScheduleStatus, State, fresh_state
 from streamsched.model.specs import At, plan_catch_up
+from streamsched.schedules.catalog import Catalog
 from streamsched.schedules.targets import Targets
 from streamsched.wire.avro import get_codec
 from streamsched.wire.schedule import DEFINITION_CODEC, HISTORY_CODEC, STATE_CODEC, occurrence_origin
-
-if TYPE_CHECKING:
-    from streamsched.schedules.ticker import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,20 @@ MAX_FIRES_PER_TXN = 512
 VERSION_HEADER = "ss-version"
 """Header of every state record: the definition version it was written for (see module docs)."""
 _UNDECODABLE = (DecodeError, KeyError, ValueError, TypeError, UnicodeDecodeError)
+
+
+@dataclass(frozen=True, slots=True)
+class TickContext:
+    """What one partition's ticker uses of its process, passed in explicitly (the ticker builds
+    one and hands it to every :class:`PartitionTicker`; tests build their own)."""
+
+    catalog: Catalog
+    metrics: Metrics
+    bootstrap: clients.Conn
+    clock: Callable[[], int]
+    """Wall time in nanoseconds (replaceable in tests)."""
+    stall_s: float = 60.0
+    """Longest a restore read may make no progress before the owner fails (and restarts)."""
 
 
 class _Abandoned(Exception):
@@ -99,8 +116,8 @@ def fired_by_us(st: State, defn: Definition, row: HistoryRow) -> bool:
 class PartitionTicker:
     """The ticker's body for one catalog partition: definitions, states, feedback."""
 
-    def __init__(self, ticker: Ticker, owner: PartitionOwner[PartitionTicker]) -> None:
-        self.t = ticker
+    def __init__(self, ctx: TickContext, owner: PartitionOwner[PartitionTicker]) -> None:
+        self.ctx = ctx
         self.owner = owner
         self.p = owner.partition
         self.defs: dict[str, Definition] = {}
@@ -108,15 +125,16 @@ class PartitionTicker:
         self.held: dict[str, int | None] = {}
         """Schedules whose only state record is corrupt -> the definition version held."""
         self.inbox: deque[Any] = deque()
-        self.resume_at: int | None = None
+        self.resume: dict[PartitionKey, int] | None = None
+        """Where the ticker's consumer resumes the definitions partition (None once sought)."""
         self.fence = 1
         self.feedback: Any = None
         self.feedback_tp: Any = None
         self.feedback_sent: int | None = None
         """The feedback offset last committed (by a previous owner, or by this one's ticks)."""
         self.wake = asyncio.Event()
-        self.targets = Targets(ticker.metrics, self.p,
-                               probe=lambda topic: partition_count(ticker.config.bootstrap, topic))
+        self.targets = Targets(ctx.metrics, self.p,
+                               probe=lambda topic: partition_count(ctx.bootstrap, topic))
         """Targets this partition cannot write now: their schedules wait (schedules/targets.py)."""
 
     @property
@@ -124,7 +142,7 @@ class PartitionTicker:
         return self.owner.producer
 
     def _undecodable(self, kind: str, rec: Any) -> None:
-        self.t.metrics.inc("undecodable_records", kind=kind)
+        self.ctx.metrics.inc("undecodable_records", kind=kind)
         log.warning("undecodable %s record in %s[%d] at offset %d (skipped)", kind,
                     rec.topic, rec.partition, rec.offset)
 
@@ -132,24 +150,24 @@ class PartitionTicker:
         """Definitions and states to their ends, then the feedback position (after the fence)."""
         from aiokafka import TopicPartition
 
-        cat = self.t.catalog
-        bs = self.t.config.bootstrap
-        records, end = await read_partition(bs, cat.definitions_topic, self.p)
-        for rec in records:
-            self._apply_definition(rec)
+        cat = self.ctx.catalog
+        end = await self._read(cat.definitions_topic, self._apply_definition)
         corrupt: dict[str, int | None] = {}
-        for rec in (await read_partition(bs, cat.state_topic, self.p))[0]:
+
+        def apply_state(rec: Any) -> None:
             key = rec.key.decode("utf-8", "replace") if rec.key else ""
             if rec.value is None:
                 self.states.pop(key, None)
                 corrupt.pop(key, None)
-                continue
+                return
             try:
                 self.states[key] = State.from_record(STATE_CODEC.decode(rec.value))
                 corrupt.pop(key, None)
             except _UNDECODABLE:
                 self._undecodable("state", rec)
                 corrupt[key] = _written_for(rec)  # the last good state of ``key`` (if any) stays
+
+        await self._read(cat.state_topic, apply_state)
         for key, version in corrupt.items():
             if key in self.states:
                 log.warning("schedule %r resumes from its last good state (the newer one is corrupt)", key)
@@ -161,10 +179,10 @@ class PartitionTicker:
             self.held[key] = held
             log.warning("schedule %r is held: its state is corrupt and no good state precedes it; "
                         "write a new version of it to reset it", key)
-        self.t.metrics.set_gauge("schedules_held", len(self.held), partition=str(self.p))
+        self.ctx.metrics.set_gauge("schedules_held", len(self.held), partition=str(self.p))
         self.fence = max((s.fence for s in self.states.values()), default=0) + 1
         self.feedback_tp = TopicPartition(cat.feedback_topic, self.p)
-        self.feedback = clients.consumer(bs, group_id=cat.group)
+        self.feedback = clients.consumer(self.ctx.bootstrap, group_id=cat.group)
         await self.feedback.start()
         self.feedback.assign([self.feedback_tp])
         committed = await self.feedback.committed(self.feedback_tp)
@@ -173,7 +191,20 @@ class PartitionTicker:
         else:
             self.feedback.seek(self.feedback_tp, committed)
         self.feedback_sent = committed
-        self.resume_at = end
+        self.resume = {TopicPartition(cat.definitions_topic, self.p): end}  # restored up to there
+
+    async def _read(self, topic: str, apply: Callable[[Any], None]) -> int:
+        """Apply every record of ``topic``'s partition, a page at a time, with the restore
+        progress and stall detection every restore has; returns the end it read to."""
+        async with PartitionReader(self.ctx.bootstrap, topic, self.p, stall_s=self.ctx.stall_s) as reader:
+            bounds = await reader.bounds()
+            progress = Progress(self.ctx.metrics, topic, self.p, bounds.begin, bounds.end, "ticker")
+            async for records, position in reader.pages(bounds.begin, bounds.end):
+                for rec in records:
+                    apply(rec)
+                progress.page(len(records), position)
+            progress.done()
+        return bounds.end
 
     async def close(self) -> None:
         if self.feedback is not None:
@@ -188,7 +219,7 @@ class PartitionTicker:
                 await asyncio.wait_for(self.wake.wait(), self._sleep_s())
 
     def _sleep_s(self) -> float:
-        now = int(self.t.config.clock())
+        now = int(self.ctx.clock())
         upcoming = [s.next_planned_ns for name, s in self.states.items()
                     if s.status is ScheduleStatus.ACTIVE and s.next_planned_ns is not None
                     and not self._waits(name)]
@@ -238,14 +269,14 @@ class PartitionTicker:
     async def _tick(self) -> None:
         while self.inbox:
             self._apply_definition(self.inbox.popleft())
-        wall = int(self.t.config.clock())
+        wall = int(self.ctx.clock())
         # Plan a boundary that is due within LOOKAHEAD now, and commit it exactly when it is
         # due: the CPU of planning and encoding then lies before the planned time, not after.
         upcoming = min((s.next_planned_ns for s in self.states.values()
                         if s.status is ScheduleStatus.ACTIVE and s.next_planned_ns is not None),
                        default=None)
         now = upcoming if upcoming is not None and 0 < upcoming - wall <= LOOKAHEAD_NS else wall
-        cat = self.t.catalog
+        cat = self.ctx.catalog
         writes_state: dict[str, State | None] = {}
         history: list[tuple[str, HistoryRow]] = []
         events: list[tuple[str, bytes, bytes]] = []
@@ -279,7 +310,7 @@ class PartitionTicker:
         for name, row, offset in rows:
             st, owner_def = self.states.get(name), self.defs.get(name)
             if st is None or owner_def is None or row.schedule_id != st.schedule_id:
-                self.t.metrics.inc("feedback_stale")  # an older version's attempt, or no such schedule
+                self.ctx.metrics.inc("feedback_stale")  # an older version's attempt, or no such schedule
                 continue
             if not fired_by_us(st, owner_def, row):
                 rejected.append((name, offset))
@@ -292,7 +323,7 @@ class PartitionTicker:
                     st = st.advanced(status=ScheduleStatus.FAILED)
             put(st)
         if rejected:
-            self.t.metrics.inc("feedback_rejected", len(rejected))
+            self.ctx.metrics.inc("feedback_rejected", len(rejected))
             log.warning("rejected %d feedback row(s) in %s[%d] for occurrences this ticker never fired "
                         "(first: schedule %r at offset %d)", len(rejected), cat.feedback_topic, self.p,
                         *rejected[0])
@@ -335,11 +366,11 @@ class PartitionTicker:
             raise
         if feedback_next is not None:
             self.feedback_sent = feedback_next
-        self.t.metrics.set_gauge("schedules_held", len(self.held), partition=str(self.p))
+        self.ctx.metrics.set_gauge("schedules_held", len(self.held), partition=str(self.p))
         if events:
-            self.t.metrics.observe("commit_after_planned_seconds", (self.t.config.clock() - now) / 1e9)
-        self.t.metrics.inc("occurrences_fired", len(events))
-        self.t.metrics.inc("history_rows", len(history))
+            self.ctx.metrics.observe("commit_after_planned_seconds", (self.ctx.clock() - now) / 1e9)
+        self.ctx.metrics.inc("occurrences_fired", len(events))
+        self.ctx.metrics.inc("history_rows", len(history))
 
     async def _commit(self, states: dict[str, State | None], history: list[tuple[str, HistoryRow]],
                       events: list[tuple[str, bytes, bytes]], feedback_next: int | None,
@@ -350,7 +381,7 @@ class PartitionTicker:
         consumers see nothing of an open transaction, so nothing fires early, and at the planned
         time only the commit itself (EndTxn) is left to do.
         """
-        cat = self.t.catalog
+        cat = self.ctx.catalog
         p = self.producer
         writer = GroupedWriter(p)
         t_commit = 0.0
@@ -371,9 +402,9 @@ class PartitionTicker:
             await writer.flush()
             if feedback_next is not None:
                 await p.send_offsets_to_transaction({self.feedback_tp: feedback_next}, cat.group)
-            clock = self.t.config.clock
+            clock = self.ctx.clock
             if events and clock() > fire_at_ns:
-                self.t.metrics.inc("late_plans")
+                self.ctx.metrics.inc("late_plans")
             while (remaining := fire_at_ns - clock()) > 0:
                 if self.owner.stopping:
                     raise _Abandoned  # the commit never happens; the next owner plans again
@@ -382,10 +413,10 @@ class PartitionTicker:
                 failpoints.hit("tick_before_commit")
             t_commit = time.perf_counter()  # the commit follows the body at once
 
-        await transaction(p, body, metrics=self.t.metrics,
+        await transaction(p, body, metrics=self.ctx.metrics,
                           what=f"a tick transaction of {cat.definitions_topic}[{self.p}]")
         if events:
-            self.t.metrics.observe("end_txn_seconds", time.perf_counter() - t_commit)
+            self.ctx.metrics.observe("end_txn_seconds", time.perf_counter() - t_commit)
             failpoints.hit("tick_after_commit")
 
 

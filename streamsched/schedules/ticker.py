@@ -12,20 +12,27 @@ what it trusts, is :mod:`streamsched.schedules.tick`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from streamsched.kafka import clients
-from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
+from streamsched.kafka.member import GroupMember, Membership
+from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.txn import RETRY_BACKOFF_MS, TRANSACTION_TIMEOUT_MS
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_id
 from streamsched.schedules.catalog import Catalog
-from streamsched.schedules.tick import LOOKAHEAD_NS, MAX_FIRES_PER_TXN, PartitionTicker, fired_by_us
+from streamsched.schedules.tick import (
+    LOOKAHEAD_NS,
+    MAX_FIRES_PER_TXN,
+    PartitionTicker,
+    TickContext,
+    fired_by_us,
+)
 
-__all__ = ["LOOKAHEAD_NS", "MAX_FIRES_PER_TXN", "PartitionTicker", "Ticker", "TickerConfig", "fired_by_us"]
+__all__ = ["LOOKAHEAD_NS", "MAX_FIRES_PER_TXN", "PartitionTicker", "TickContext", "Ticker", "TickerConfig",
+           "fired_by_us"]
 
 
 @dataclass
@@ -37,7 +44,7 @@ class TickerConfig:
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
     tick_s: float = 0.02
-    clock: Any = field(default=time.time_ns)
+    clock: Callable[[], int] = field(default=time.time_ns)
     shutdown_deadline_s: float = 10.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
 
@@ -49,7 +56,8 @@ class Ticker:
         self.catalog = catalog
         self.config = config
         self.metrics = metrics or Metrics(f"ticker.{catalog.name}")
-        self.consumer: Any = None
+        self.context = TickContext(catalog, self.metrics, config.bootstrap, config.clock)
+        """What every partition's ticker is given (explicitly: it holds no reference back here)."""
         spec: OwnerSpec[PartitionTicker] = OwnerSpec(
             name=catalog.definitions_topic, bootstrap=config.bootstrap,
             transactional_id=lambda p: transactional_id("ticker", catalog.name, partition=p),
@@ -57,20 +65,24 @@ class Ticker:
                                          "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
                                          "retry_backoff_ms": RETRY_BACKOFF_MS},
             restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s)
-        self.owners: Owners[PartitionTicker] = Owners(spec, self.metrics, on_start=self._hold,
-                                                      on_stop=self._hold)
+        membership = Membership(group=catalog.group, topics=(catalog.definitions_topic,),
+                                client_id=config.owner, session_timeout_ms=config.session_timeout_ms,
+                                heartbeat_interval_ms=config.heartbeat_interval_ms,
+                                shutdown_deadline_s=config.shutdown_deadline_s)
+        self.member: GroupMember[PartitionTicker] = GroupMember(membership, spec, self.metrics)
+        self.owners = self.member.owners
 
     @property
     def ready(self) -> bool:
         """Every assigned partition restored, ticking, not fenced and not given up."""
-        return self.owners.ready
+        return self.member.ready
 
     @property
     def given_up(self) -> frozenset[int]:
-        return self.owners.given_up
+        return self.member.given_up
 
     async def _restore(self, owner: PartitionOwner[PartitionTicker]) -> Body[PartitionTicker]:
-        pt = PartitionTicker(self, owner)
+        pt = PartitionTicker(self.context, owner)
         try:
             await pt.restore()
         except BaseException:
@@ -78,78 +90,20 @@ class Ticker:
             raise
         return Body(part=pt, run=pt.run, wake=pt.wake.set, close=pt.close)
 
-    def _tp(self, partition: int) -> Any:
-        from aiokafka import TopicPartition
-
-        return TopicPartition(self.catalog.definitions_topic, partition)
-
-    def _hold(self, partition: int) -> None:
-        tp = self._tp(partition)
-        if tp in self.consumer.assignment():
-            self.consumer.pause(tp)
-
-    def _live(self, partition: int) -> PartitionTicker | None:
-        owner = self.owners.get(partition)
-        if owner is None or not owner.ready or owner.stopping or owner.failed is not None:
-            return None
-        pt = owner.part
-        return pt if pt is not None and pt.resume_at is None else None
-
     async def run(self, stop: asyncio.Event) -> None:
-        from aiokafka import ConsumerRebalanceListener
-
         await self.catalog.ensure_topics()
-        ticker = self
-        topic = self.catalog.definitions_topic
+        await self.member.run(stop, self._poll, self._tend)
 
-        class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-            # Both go through the owners' lock: never interleaved with a restart.
-            async def on_partitions_revoked(self, revoked: Any) -> None:
-                await ticker.owners.revoke({tp.partition for tp in revoked})
+    async def _poll(self) -> None:
+        batch = await self.member.consumer.getmany(timeout_ms=50)
+        for tp, records in batch.items():
+            pt = self.member.live(tp.partition)
+            if pt is not None:  # else: re-read from its restore point by the next owner
+                pt.inbox.extend(records)
+                pt.wake.set()
 
-            async def on_partitions_assigned(self, assigned: Any) -> None:
-                for tp in assigned:
-                    ticker.consumer.pause(tp)
-                await ticker.owners.assign({tp.partition for tp in assigned})
-
-        self.consumer = clients.consumer(
-            self.config.bootstrap, group_id=self.catalog.group, client_id=self.config.owner,
-            session_timeout_ms=self.config.session_timeout_ms,
-            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
-            rebalance_timeout_ms=max(30_000, int(self.config.shutdown_deadline_s * 1000) + 5_000))
-        self.consumer.subscribe([topic], listener=Listener())
-        await self.consumer.start()
-        try:
-            while not stop.is_set():
-                batch = await self.consumer.getmany(timeout_ms=50)
-                for tp, records in batch.items():
-                    pt = self._live(tp.partition)
-                    if pt is not None:  # else: re-read from its restore point by the next owner
-                        pt.inbox.extend(records)
-                        pt.wake.set()
-                self._follow()
-                await self.owners.supervise()
-        finally:
-            try:
-                await self.owners.close()  # drains; not when this task is being cancelled
-            finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.consumer.stop(), self.config.shutdown_deadline_s)
-
-    def _follow(self) -> None:
-        """Seek restored partitions to where their restore ended; pause the others
-        (synchronous: the assignment cannot change between the check and the seek)."""
-        assignment = self.consumer.assignment()
-        for p, owner in self.owners.items():
-            tp = self._tp(p)
-            if tp not in assignment:
-                continue
-            pt = owner.part
-            if pt is not None and owner.ready and pt.resume_at is not None:
-                self.consumer.seek(tp, pt.resume_at)  # restored up to here already
-                pt.resume_at = None
-            live = self._live(p) is not None
-            if live and tp in self.consumer.paused():
-                self.consumer.resume(tp)
-            elif not live and tp not in self.consumer.paused():
-                self.consumer.pause(tp)
+    def _tend(self) -> None:
+        """Fetch definitions of the partitions that tick; pause the others."""
+        for p, _ in self.member.owners.items():
+            for tp in self.member.tps(p):
+                self.member.set_paused(tp, self.member.live(p) is None)

@@ -61,10 +61,10 @@ from typing import Any, TypeVar
 from streamsched.errors import DecodeError
 from streamsched.kafka import clients
 from streamsched.kafka.changelog import Bounds, PartitionReader, TopicIdentity
+from streamsched.kafka.progress import Progress
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import CLAIM_PREFIX, decode_claim, encode_claim, resolved_at
-from streamsched.worker.progress import Progress
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.statebase import FLOOR_IDENTITY, FLOOR_KEY, HORIZON_DEFAULT_S, StateBase
 

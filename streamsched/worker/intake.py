@@ -10,22 +10,17 @@ the state partition to its end (read_committed), read the committed offsets of i
 and delay partitions, and resume from there, so it always sees the last fence and the last
 offset any owner committed.
 
-The partition lifecycle (fenced start, restore, ready/stopping/failed, restart with backoff,
-give-up, rebalance callbacks serialised with this intake) is :mod:`streamsched.kafka.owner`;
-the worker's body (a queue and the turn loop) is :mod:`streamsched.worker.partition`; this
-module is the intake that feeds it.
-
-Why one module above ~400 lines: the intake's pause/resume, parking and seek decisions and the
-runner's turn loop hand records to each other under the owner's lock; kept side by side, the
-path of one record from fetch to commit reads in one file. Due work, restore and selection are
-their own modules (:mod:`streamsched.worker.duework`, :mod:`streamsched.worker.claimstore`,
-:mod:`streamsched.worker.selection`).
+The group side (subscription, rebalance listener, hold/live, seek after restore, shutdown) is
+:mod:`streamsched.kafka.member`, shared with the schedule ticker; the partition lifecycle
+(fenced start, restore, ready/stopping/failed, restart with backoff, give-up) is
+:mod:`streamsched.kafka.owner`; the worker's body (a queue and the turn loop) is
+:mod:`streamsched.worker.partition`. This module is the intake that feeds it: what it fetches,
+parks, sweeps in when due, and pauses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -37,8 +32,9 @@ from typing import Any, cast
 from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply, partition_counts
-from streamsched.kafka.owner import Body, Owners, OwnerSpec, PartitionOwner, RestartPolicy
-from streamsched.kafka.protocols import ConsumerRecord
+from streamsched.kafka.member import GroupMember, Membership
+from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
+from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
 from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S
 from streamsched.metrics import Metrics
 from streamsched.model.durations import parse_duration
@@ -109,8 +105,6 @@ class Worker:
         self.scheduler = scheduler
         self.config = config
         self.metrics = metrics or Metrics(scheduler.name)
-        self.consumer: Any = None
-        self.assigned = asyncio.Event()
         self.due = DueIndex(max_items=config.due_index_items)
         check_horizon(config.outcome_horizon_s)
         self.stores: Any = None
@@ -131,19 +125,40 @@ class Worker:
                                             retry_backoff_ms=RETRY_BACKOFF_MS,
                                             client_id=f"{config.owner}-p{p}"),
             restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s)
-        self.owners: Owners[PartitionRunner] = Owners(spec, self.metrics, on_start=self._hold,
-                                                      on_stop=self._forget)
+        from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+        # Range assignment gives one member the same partition numbers of both topics, so the
+        # delay partition p always lives with transition partition p (and its fenced producer).
+        membership = Membership(
+            group=s.group, topics=(s.topic, s.delay_topic), client_id=config.owner,
+            session_timeout_ms=config.session_timeout_ms, heartbeat_interval_ms=config.heartbeat_interval_ms,
+            shutdown_deadline_s=config.shutdown_deadline_s,
+            consumer_options={"max_poll_interval_ms": config.max_poll_interval_ms,
+                              "max_partition_fetch_bytes": 1024 * 1024,
+                              "partition_assignment_strategy": (RangePartitionAssignor,)})
+        self.member: GroupMember[PartitionRunner] = GroupMember(
+            membership, spec, self.metrics, on_stop=self._forget, on_sought=self.fetch.sought)
+        self.owners = self.member.owners
+
+    @property
+    def consumer(self) -> GroupConsumer:
+        return self.member.consumer
+
+    @property
+    def assigned(self) -> asyncio.Event:
+        """Set once the group first assigned this worker anything."""
+        return self.member.assigned
 
     @property
     def ready(self) -> bool:
         """Every assigned partition restored, running, not fenced, not given up and not stopped at
         a batch it cannot decode."""
-        return self.owners.ready and not self.fetch.stopped
+        return self.member.ready and not self.fetch.stopped
 
     @property
     def given_up(self) -> frozenset[int]:
         """Partitions whose owner failed too often in a row (left paused; see RestartPolicy)."""
-        return self.owners.given_up
+        return self.member.given_up
 
     async def ensure_topics(self) -> None:
         """Create the scheduler's state and dead-letter topics, co-partitioned with its topic."""
@@ -162,66 +177,21 @@ class Worker:
             log.warning("%s", drift)
 
     async def run(self, stop: asyncio.Event) -> None:
-        from aiokafka import ConsumerRebalanceListener
-        from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-
         if self.config.ensure_topics:
             await self.ensure_topics()
-        worker = self
-        s = self.scheduler
-
-        class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-            # Both go through the owners' lock, so they never interleave with a restart.
-            async def on_partitions_revoked(self, revoked: Any) -> None:
-                await worker.owners.revoke({tp.partition for tp in revoked})
-
-            async def on_partitions_assigned(self, assigned: Any) -> None:
-                for tp in assigned:
-                    worker.consumer.pause(tp)  # until its owner is restored and has sought
-                await worker.owners.assign({tp.partition for tp in assigned if tp.topic == s.topic})
-                worker.assigned.set()
-
-        self.consumer = clients.consumer(
-            self.config.bootstrap,
-            group_id=s.group,
-            client_id=self.config.owner,
-            session_timeout_ms=self.config.session_timeout_ms,
-            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
-            max_poll_interval_ms=self.config.max_poll_interval_ms,
-            rebalance_timeout_ms=max(30_000, int(self.config.shutdown_deadline_s * 1000) + 5_000),
-            max_partition_fetch_bytes=1024 * 1024,
-            partition_assignment_strategy=(RangePartitionAssignor,),
-        )
-        # Range assignment gives one member the same partition numbers of both topics, so the
-        # delay partition p always lives with transition partition p (and its fenced producer).
-        self.consumer.subscribe([s.topic, s.delay_topic], listener=Listener())
-        await self.consumer.start()
         try:
-            await self._intake(stop)
+            await self.member.run(stop, lambda: self._poll(stop), self._tend)
         finally:
-            await self._shutdown()
+            if self.stores is not None:
+                self.stores.close()
 
     # --- the owner hooks --------------------------------------------------------------------------
 
-    def _tps(self, partition: int) -> list[Any]:
-        from aiokafka import TopicPartition
-
-        return [TopicPartition(self.scheduler.topic, partition),
-                TopicPartition(self.scheduler.delay_topic, partition)]
-
-    def _hold(self, partition: int) -> None:
-        """An owner starts: nothing of the partition is fetched until it is restored."""
-        assignment = self.consumer.assignment()
-        for tp in self._tps(partition):
-            if tp in assignment:
-                self.consumer.pause(tp)
-
     def _forget(self, partition: int) -> None:
-        """An owner is gone: pause the partition and drop its parked work (uncommitted, so the
+        """An owner is gone (its partition is paused): drop its parked work (uncommitted, so the
         next owner reads it again)."""
-        self._hold(partition)
         self.due.remove_partition(partition)
-        for tp in self._tps(partition):
+        for tp in self.member.tps(partition):
             self.fetch.forget(tp)
 
     async def _restore(self, owner: PartitionOwner[PartitionRunner]) -> Body[PartitionRunner]:
@@ -246,8 +216,8 @@ class Worker:
                            txn_deadline_s=self.config.transaction_deadline_s)
         # Resume from the committed offsets, read after our fence: no earlier owner can move
         # them any more, and a failed batch of a previous owner of ours comes back.
-        resume: dict[Any, int] = {}
-        for tp in self._tps(p):
+        resume: dict[PartitionKey, int] = {}
+        for tp in self.member.tps(p):
             offset = await asyncio.wait_for(self.consumer.committed(tp), OFFSET_LOOKUP_S)
             if offset is None:
                 offset = (await self.consumer.beginning_offsets([tp]))[tp]
@@ -256,7 +226,7 @@ class Worker:
         # trailing markers (4n), also when nothing was ever committed: a delay partition that
         # holds only an aborted transaction (a parking owner failed before its commit) must
         # still commit past it, or its lag stays at 2 forever.
-        t_start, d_start = (resume[tp] for tp in self._tps(p))
+        t_start, d_start = (resume[tp] for tp in self.member.tps(p))
         turns.offsets.seed(t_start, d_start)
         runner = PartitionRunner(owner, self.scheduler, turns, resume)
 
@@ -265,95 +235,62 @@ class Worker:
 
         return Body(part=runner, run=runner.run, wake=runner.wake.set, close=close)
 
-    def _live(self, partition: int) -> PartitionRunner | None:
-        """The partition's runner if it may take records now."""
-        owner = self.owners.get(partition)
-        if owner is None or not owner.ready or owner.stopping or owner.failed is not None:
-            return None
-        runner = owner.part
-        return runner if runner is not None and runner.resume is None else None
-
     # --- intake ---------------------------------------------------------------------------------------
 
-    async def _intake(self, stop: asyncio.Event) -> None:
-        from aiokafka import TopicPartition
-
-        topic = self.scheduler.topic
+    async def _poll(self, stop: asyncio.Event) -> None:
+        """Fetch, and offer each partition's records to its live runner (parking delayed ones)."""
+        batch = await self.fetch.fetch(self.consumer, self.config.queue_bound * 4, stop)
         delay_topic = self.scheduler.delay_topic
-        bound = self.config.queue_bound
-        while not stop.is_set():
-            batch = await self.fetch.fetch(self.consumer, bound * 4, stop)
-            for tp, records in batch.items():
-                runner = self._live(tp.partition)
-                if runner is None:
-                    self.fetch.dropped(tp)
-                    continue  # re-read from the committed offset by the partition's next owner
-                self.fetch.delivered(tp, records)
-                if tp.topic == delay_topic:
-                    self._park(tp, records, runner)
-                else:
-                    runner.turns.offsets.note_offered(records[-1].offset)
-                    runner.offer(records)
-            self._seek_restored()
-            self._sweep()
-            await self.owners.supervise()
-            lag = 0
-            for p, _ in self.owners.items():
-                tp = TopicPartition(topic, p)
-                high, pos = self._highwater(tp), self.consumer.position_now(tp)
-                if high is not None and pos is not None:
-                    lag += max(0, high - pos)
-                runner = self._live(p)
-                if runner is not None:
-                    lag += len(runner.queue)
-                    if not runner.queue:
-                        self._skip_markers(p, runner)
-                want_pause = runner is None or len(runner.queue) >= bound or self.fetch.holds(tp)
-                self._set_paused(tp, want_pause)
-                # The due index is bounded: when it is full, delay intake pauses (nothing is lost;
-                # the records stay in the delay topic).
-                delay_tp = TopicPartition(delay_topic, p)
-                self._set_paused(delay_tp, want_pause or self.due.free < bound or self.fetch.holds(delay_tp))
-            self.metrics.set_gauge("lag", lag)
-            self.metrics.set_gauge("due_items", len(self.due))
+        for tp, records in batch.items():
+            runner = self.member.live(tp.partition)
+            if runner is None:
+                self.fetch.dropped(tp)
+                continue  # re-read from the committed offset by the partition's next owner
+            self.fetch.delivered(tp, records)
+            if tp.topic == delay_topic:
+                self._park(tp, records, runner)
+            else:
+                runner.turns.offsets.note_offered(records[-1].offset)
+                runner.offer(records)
 
-    def _highwater(self, tp: Any) -> int | None:
+    def _tend(self) -> None:
+        """Move due work in; pause what is full, held or not live; report lag."""
+        self._sweep()
+        bound = self.config.queue_bound
+        lag = 0
+        for p, _ in self.owners.items():
+            tp, delay_tp = self.member.tps(p)
+            high, pos = self._highwater(tp), self.consumer.position_now(tp)
+            if high is not None and pos is not None:
+                lag += max(0, high - pos)
+            runner = self.member.live(p)
+            if runner is not None:
+                lag += len(runner.queue)
+                if not runner.queue:
+                    self._skip_markers(p, runner)
+            want_pause = runner is None or len(runner.queue) >= bound or self.fetch.holds(tp)
+            self.member.set_paused(tp, want_pause)
+            # The due index is bounded: when it is full, delay intake pauses (nothing is lost;
+            # the records stay in the delay topic).
+            delay_full = self.due.free < bound or self.fetch.holds(delay_tp)
+            self.member.set_paused(delay_tp, want_pause or delay_full)
+        self.metrics.set_gauge("lag", lag)
+        self.metrics.set_gauge("due_items", len(self.due))
+
+    def _highwater(self, tp: TopicPartitionLike) -> int | None:
         if tp not in self.consumer.assignment():
             return None
         high = self.consumer.highwater(tp)
         return int(high) if high is not None else None
 
-    def _seek_restored(self) -> None:
-        """Move freshly restored partitions to where their owner resumes (synchronous: the
-        assignment cannot change between the check and the seek)."""
-        for _, owner in self.owners.items():
-            runner = owner.part
-            if runner is None or runner.resume is None or not owner.ready:
-                continue
-            assignment = self.consumer.assignment()
-            for tp, offset in runner.resume.items():
-                if tp in assignment:
-                    self.consumer.seek(tp, offset)
-                    self.fetch.sought(tp, offset)
-            runner.resume = None
-
     def _skip_markers(self, partition: int, runner: PartitionRunner) -> None:
-        t_position, d_position = (self.consumer.position_now(tp) for tp in self._tps(partition))
+        t_position, d_position = (self.consumer.position_now(tp) for tp in self.member.tps(partition))
         before = runner.turns.offsets.unsent()
         runner.turns.offsets.skip_markers(t_position, d_position)
         if not before and runner.turns.offsets.unsent():
             runner.wake.set()
 
-    def _set_paused(self, tp: Any, pause: bool) -> None:
-        if tp not in self.consumer.assignment():
-            return
-        paused = tp in self.consumer.paused()
-        if pause and not paused:
-            self.consumer.pause(tp)
-        elif not pause and paused:
-            self.consumer.resume(tp)
-
-    def _park(self, tp: Any, records: list[Any], runner: PartitionRunner) -> None:
+    def _park(self, tp: TopicPartitionLike, records: list[ConsumerRecord], runner: PartitionRunner) -> None:
         """Index re-driven records by due time; they reach the turn when due (see _sweep)."""
         for i, rec in enumerate(records):
             due = due_ns(rec.headers)
@@ -375,21 +312,11 @@ class Worker:
         while time.monotonic() < deadline:
             page = self.due.sweep(now)
             for item in page:
-                runner = self._live(item.partition)
+                runner = self.member.live(item.partition)
                 if runner is not None:
                     runner.offer([cast(ConsumerRecord, item.ref)])  # what _park indexed
             if len(page) < self.due.page_size:
                 return
-
-    async def _shutdown(self) -> None:
-        try:
-            await self.owners.close()  # drains; not when this task is being cancelled (hard stop)
-        finally:
-            with contextlib.suppress(Exception):
-                # Leaves the group: the partitions move at once (even after a hard stop).
-                await asyncio.wait_for(self.consumer.stop(), self.config.shutdown_deadline_s)
-            if self.stores is not None:
-                self.stores.close()
 
 
 def worker_config_from_env(bootstrap: clients.Conn | None = None, *, default_store: bool = False,

@@ -26,11 +26,11 @@ from typing import Any
 
 from streamsched.errors import DecodeError
 from streamsched.kafka import clients
+from streamsched.kafka.progress import Progress
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import decode_claim, encode_claim
 from streamsched.worker.claimstore import open_store
-from streamsched.worker.progress import Progress
 from streamsched.worker.statebase import (
     CANDIDATES_MAX,
     FLOOR_IDENTITY,

@@ -63,7 +63,7 @@ class ScheduleDriver:
         for p in range(cat.partitions):
             producer = kafka.producer(transactional_id("ticker", cat.name, partition=p))
             await producer.start()
-            pt = PartitionTicker(self.ticker, _Owner(p, producer))  # type: ignore[arg-type]  # a stand-in
+            pt = PartitionTicker(self.ticker.context, _Owner(p, producer))  # type: ignore[arg-type]  # a stand-in
             pt.feedback_tp = TopicPartition(cat.feedback_topic, p)
             pt.feedback = kafka.consumer(cat.group)
             pt.feedback.assign([pt.feedback_tp])

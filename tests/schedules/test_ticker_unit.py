@@ -3,7 +3,7 @@
 Seam: one ``PartitionTicker`` built on a stand-in partition owner (partition, producer,
 stopping) whose producer is a fenced transactional FakeProducer, with its feedback consumer
 replaced by a FakeConsumer and definitions delivered through its inbox, as the Ticker's intake
-does; ``_tick`` is driven directly with a controlled clock. Restore (``read_partition`` on a real
+does; ``_tick`` is driven directly with a controlled clock. Restore (``PartitionReader`` on a real
 broker) and the group membership are not exercised here: tests/schedules/test_schedules.py and
 tests/crash/test_schedule_crash.py prove them against Kafka.
 """
@@ -65,7 +65,7 @@ class Rig:
         ticker = Ticker(cat, TickerConfig(bootstrap="unused:9092", clock=self.clock))
         producer = self.kafka.producer(TID)
         await producer.start()
-        pt = PartitionTicker(ticker, StandInOwner(0, producer))  # type: ignore[arg-type]  # a stand-in
+        pt = PartitionTicker(ticker.context, StandInOwner(0, producer))  # type: ignore[arg-type]  # a stand-in
         pt.feedback_tp = TopicPartition(cat.feedback_topic, 0)
         pt.feedback = self.kafka.consumer(cat.group)
         pt.feedback.assign([pt.feedback_tp])
@@ -259,7 +259,7 @@ async def test_a_schedule_whose_target_cannot_be_written_waits_and_the_others_fi
     assert [ev.due_ns for ev in rig.fired()] == [T0 + MINUTE]
     assert rig.durable_state("bad").next_planned_ns == T0 + MINUTE  # waits, unchanged
     assert pt.targets.waiting.keys() == {"nowhere"}
-    gauges = pt.t.metrics.snapshot()["gauges"]
+    gauges = pt.ctx.metrics.snapshot()["gauges"]
     assert gauges["targets_unwritable{partition=0}"] == 1.0
     # While it waits, it neither busy-loops the tick nor is looked up again before its retry.
     assert pt._sleep_s() > 0
@@ -276,4 +276,4 @@ async def test_a_schedule_whose_target_cannot_be_written_waits_and_the_others_fi
     assert [ev.due_ns for ev in rig.fired()] == [T0 + MINUTE, T0 + 2 * MINUTE]
     assert not pt.targets.waiting
     assert probed == ["nowhere"]  # a waiting target is looked up again by the probe, once per retry
-    assert pt.t.metrics.snapshot()["gauges"]["targets_unwritable{partition=0}"] == 0.0
+    assert pt.ctx.metrics.snapshot()["gauges"]["targets_unwritable{partition=0}"] == 0.0

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from streamsched.errors import ConfigError
 from streamsched.kafka.changelog import Bounds, TopicIdentity
+from streamsched.kafka.progress import Progress
 from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
 from streamsched.wire.claim import encode_claim, resolved_at
 from streamsched.worker.claimstore import ClaimStore
-from streamsched.worker.progress import Progress
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.statebase import FLOOR_IDENTITY, HORIZON_DEFAULT_S, StateBase, check_horizon
 from streamsched.worker.store import PartitionState

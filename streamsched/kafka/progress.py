@@ -1,4 +1,4 @@
-"""Restore progress of a partition's claim state, for both stores (in memory and on disk).
+"""Restore progress of a partition read to its end (claim stores and schedule tickers alike).
 
 A restore reads a whole state partition before the partition serves turns, so it is the one
 long wait an operator sees: it is reported as it goes, as metrics (``restore_records``,
