@@ -36,7 +36,7 @@ _RELEASE_DOMAIN = b"streamsched/release-identity/v1\x00"
 _ROUTE_DOMAIN = b"streamsched/route-key/v1\x00"
 _PREFIX = "sched_"
 _U64_MAX = 2**64 - 1
-_IDENTITY = re.compile(r"sched_[0-9a-f]{64}")
+IDENTITY_PATTERN = re.compile(r"sched_[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +145,7 @@ class IdentityResolver:
 
 
 def _check_identity(identity: str) -> bytes:
-    if not (isinstance(identity, str) and _IDENTITY.fullmatch(identity)):
+    if not (isinstance(identity, str) and IDENTITY_PATTERN.fullmatch(identity)):
         raise InvalidName("identity", "not a sched_<64 lower-case hex> business identity")
     return bytes.fromhex(identity[len(_PREFIX):])
 

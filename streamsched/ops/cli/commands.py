@@ -225,6 +225,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- inspect --------------------------------------------------------------------------------------
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """One identity's claim as its owner would see it now (safe fields only)."""
+    from streamsched.ops.cli.events import event_from_json
+    from streamsched.ops.inspect import format_view, inspect_identity
+
+    sched = load_app(args.app).one(args.scheduler)
+    event = None
+    if args.event is not None:
+        try:
+            doc = json.loads(args.event)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--event is not valid JSON (line {exc.lineno} col {exc.colno})") from None
+        if not isinstance(doc, dict):
+            raise ConfigError("--event must be a JSON object")
+        event = event_from_json(doc)
+    bootstrap = connect(args)
+    view = asyncio.run(inspect_identity(bootstrap, sched, event=event, identity=args.identity,
+                                        progress=args.progress))
+    print(json.dumps(view.to_dict()) if args.output == "json" else format_view(view))
+    return 0
+
+
 # --- acl ------------------------------------------------------------------------------------------
 
 def cmd_acl(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from streamsched.ops.cli.commands import (
     cmd_acl,
     cmd_broker,
     cmd_dlq,
+    cmd_inspect,
     cmd_outbox,
     cmd_replay,
     cmd_run,
@@ -249,6 +250,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="--verify: progress on stderr (default: on long ranges)")
     add_connection_options(rp)
     rp.set_defaults(fn=cmd_replay)
+
+    ins = sub.add_parser("inspect", help="one workflow's claim: home partition, status, fence, owner, "
+                         "lease, outcome and the group's committed offset")
+    ins.add_argument("--app", required=True, help="MODULE:ATTR of a streamsched.App")
+    ins.add_argument("--scheduler", default=None, help="scheduler name (optional if the app has one)")
+    who = ins.add_mutually_exclusive_group(required=True)
+    who.add_argument("--event", default=None, metavar="JSON",
+                     help="the event as `emit --event` takes it (its identity under the scheduler)")
+    who.add_argument("--identity", default=None, metavar="sched_...",
+                     help="a business identity (every state partition is read until it is found)")
+    ins.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                     help="output format (default: %(default)s)")
+    ins.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress on stderr (default: on large state partitions)")
+    add_connection_options(ins)
+    ins.set_defaults(fn=cmd_inspect)
 
     ac = sub.add_parser("acl", help=ACL_HELP)
     add_acl_arguments(ac)  # with the connection options

@@ -1,0 +1,208 @@
+"""``streamsched inspect``: one workflow's claim, as the owning worker would see it now.
+
+Given an event (the identity it resolves to under a scheduler) or a ``sched_`` identity, this
+reads the compacted state partition the identity lives on to its end (read_committed, a page at
+a time, keeping only the identity's latest snapshot: memory stays bounded however large the
+partition) and reports the claim: status, fence, revision, owner, lease expiry, delivery ordinal,
+outcome kind, time and error kind, with the group's committed offset of the home partition.
+
+What it prints is what the operator passed in plus the claim's own fields: never a payload, the
+event's tenant or target, another identity, or an error message (only its kind).
+
+With an event, the home partition is where the event's route key lands (the transition topic
+and its state topic are co-partitioned). A bare identity does not say where it lives (the digest
+hides the route key), so every state partition is read until the identity is found.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn, TextIO
+
+from tqdm import tqdm
+
+from streamsched.errors import ConfigError
+from streamsched.kafka import clients
+from streamsched.kafka.admin import partition_counts
+from streamsched.kafka.changelog import PartitionReader
+from streamsched.model.claims import ClaimState
+from streamsched.model.event import TransitionEvent
+from streamsched.model.identity import IDENTITY_PATTERN, route_key
+from streamsched.ops.replay_verify import progress_bar
+from streamsched.wire.claim import CLAIM_PREFIX, decode_claim
+from streamsched.wire.partitioner import partition_for_key
+from streamsched.worker.app import SchedulerDef
+
+__all__ = ["IdentityView", "format_view", "identity_of", "inspect_identity"]
+
+
+@dataclass(frozen=True)
+class IdentityView:
+    """What ``inspect`` reports of one identity (safe fields only)."""
+
+    scheduler: str
+    identity: str
+    transition_topic: str
+    state_topic: str
+    partition: int | None
+    """The home partition; None when the identity was looked for everywhere and not found."""
+    found: bool
+    """Whether the state partition holds a snapshot of the identity (else it never ran here, or
+    its outcome was tombstoned past the horizon)."""
+    status: str | None = None
+    fence: int | None = None
+    revision: int | None = None
+    owner: str | None = None
+    lease_expires_ns: int | None = None
+    lease_active: bool = False
+    ordinal: int | None = None
+    """Deliveries that claimed the identity so far (each claim mints the next ordinal)."""
+    outcome: str | None = None
+    outcome_at_ns: int | None = None
+    outcome_fence: int | None = None
+    error_kind: str | None = None
+    committed_offset: int | None = None
+    """The group's committed offset of the home transition partition (None: nothing committed)."""
+    state_end_offset: int | None = None
+    records_read: int = 0
+
+    @property
+    def resolved(self) -> bool:
+        """An outcome is stored and no claim is held: a redelivery releases without running."""
+        return self.found and self.outcome is not None and not self.lease_active
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["resolved"] = self.resolved
+        return out
+
+
+def identity_of(scheduler: SchedulerDef, event: TransitionEvent) -> str:
+    """The business identity ``event`` resolves to under ``scheduler``."""
+    return scheduler.resolve_identity(event.due_ns, event.tenant, tuple(event.target))
+
+
+def _check_identity(identity: str) -> str:
+    if not IDENTITY_PATTERN.fullmatch(identity):
+        raise ConfigError("--identity must be a sched_<64 lower-case hex> identity "
+                          "(as logs, status and dead letters show it)")
+    return identity
+
+
+async def _latest(bootstrap: clients.Conn, topic: str, partition: int, identity: str,
+                  meter: Callable[[int], tqdm[NoReturn]]) -> tuple[ClaimState | None, bool, int, int]:
+    """The identity's latest snapshot in ``topic[partition]`` (None if its last record is a
+    tombstone or there is none), whether any record of it was seen, records read, end offset."""
+    key = identity.encode()
+    latest: bytes | None = None
+    seen = False
+    read = 0
+    async with PartitionReader(bootstrap, topic, partition) as reader:
+        bounds = await reader.bounds()
+        with meter(bounds.end - bounds.begin) as bar:
+            async for records, _position in reader.pages(bounds.begin, bounds.end):
+                for rec in records:
+                    if rec.key == key:
+                        seen, latest = True, rec.value
+                read += len(records)
+                bar.update(len(records))
+    if latest is None or not latest.startswith(CLAIM_PREFIX):
+        return None, seen, read, bounds.end
+    return decode_claim(latest), seen, read, bounds.end
+
+
+async def _committed(bootstrap: clients.Conn, group: str, topic: str, partition: int) -> int | None:
+    from aiokafka import TopicPartition
+
+    consumer = clients.consumer(bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        offset = await consumer.committed(TopicPartition(topic, partition))
+        return int(offset) if offset is not None else None
+    finally:
+        await consumer.stop()
+
+
+async def inspect_identity(bootstrap: clients.Conn, scheduler: SchedulerDef, *,
+                           event: TransitionEvent | None = None, identity: str | None = None,
+                           progress: bool | None = None, stream: TextIO | None = None,
+                           now_ns: int | None = None) -> IdentityView:
+    """Look one identity up (give ``event`` or ``identity``; see the module docs)."""
+    if (event is None) == (identity is None):
+        raise ConfigError("inspect needs exactly one of --event and --identity")
+    if identity is not None:
+        identity = _check_identity(identity)  # before anything is asked of the cluster
+    counts = await partition_counts(bootstrap, [scheduler.topic, scheduler.state_topic], missing_ok=True)
+    partitions = counts[scheduler.topic]
+    if not partitions:
+        raise ConfigError(f"topic {scheduler.topic} does not exist")
+    if not counts[scheduler.state_topic]:
+        raise ConfigError(f"state topic {scheduler.state_topic} does not exist: no worker of scheduler "
+                          f"{scheduler.name} has run on this cluster")
+    if event is not None:
+        identity = identity_of(scheduler, event)
+        candidates = [partition_for_key(route_key(event.tenant, event.target), partitions)]
+    else:
+        assert identity is not None
+        candidates = list(range(partitions))
+    base = IdentityView(scheduler=scheduler.name, identity=identity, transition_topic=scheduler.topic,
+                        state_topic=scheduler.state_topic, partition=None, found=False)
+    now = now_ns if now_ns is not None else time.time_ns()
+    read = 0
+
+    def meter(total: int) -> tqdm[NoReturn]:
+        return progress_bar(total, enabled=progress, stream=stream or sys.stderr, what=f"inspect {p}")
+
+    for p in candidates:
+        st, seen, n, end = await _latest(bootstrap, scheduler.state_topic, p, identity, meter)
+        read += n
+        if not seen and len(candidates) > 1:
+            continue  # not here: the next partition
+        committed = await _committed(bootstrap, scheduler.group, scheduler.topic, p)
+        if st is None:
+            return replace(base, partition=p, committed_offset=committed, state_end_offset=end,
+                           records_read=read)
+        out = st.outcome
+        return replace(
+            base, partition=p, found=True, status=st.status.value, fence=st.fence,
+            revision=st.revision, owner=st.owner or None,
+            lease_expires_ns=st.lease_expires_ns or None, lease_active=st.lease_active(now),
+            ordinal=st.ordinal, outcome=out.kind.value if out is not None else None,
+            outcome_at_ns=out.at_ns if out is not None else None,
+            outcome_fence=out.fence if out is not None else None,
+            error_kind=out.error_kind if out is not None else None,
+            committed_offset=committed, state_end_offset=end, records_read=read)
+    return replace(base, records_read=read)
+
+
+def _when(ns: int | None) -> str:
+    if ns is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns / 1e9)) + f".{ns // 1_000_000 % 1000:03d}Z"
+
+
+def format_view(v: IdentityView) -> str:
+    """The view as aligned ``name: value`` lines."""
+    rows: list[tuple[str, str]] = [
+        ("scheduler", v.scheduler), ("identity", v.identity),
+        ("home partition", f"{v.transition_topic}[{v.partition}] / {v.state_topic}[{v.partition}]"
+         if v.partition is not None else "- (not found on any state partition)")]
+    if not v.found:
+        rows.append(("claim", "none stored (never claimed here, or its outcome passed the horizon)"))
+    else:
+        lease = _when(v.lease_expires_ns) + (" (active)" if v.lease_active else "")
+        rows += [("status", v.status or "-"), ("fence", str(v.fence)), ("revision", str(v.revision)),
+                 ("owner", v.owner or "-"), ("lease expires", lease), ("deliveries claimed", str(v.ordinal)),
+                 ("outcome", v.outcome or "-"), ("outcome at", _when(v.outcome_at_ns)),
+                 ("outcome fence", str(v.outcome_fence) if v.outcome_fence is not None else "-"),
+                 ("error kind", v.error_kind or "-")]
+    rows += [("committed offset", str(v.committed_offset) if v.committed_offset is not None else "-"),
+             ("resolved", "yes: a redelivery releases without running" if v.resolved else
+              "no: the next delivery runs it" if not v.lease_active else "no: a claim is held"),
+             ("state records read", str(v.records_read))]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {val}" for k, val in rows)
+
