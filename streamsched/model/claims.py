@@ -8,6 +8,7 @@ States and guarded transitions::
     FREE ──acquire──▶ CLAIMED ──store_outcome──▶ OUTCOME_STORED ──release──▶ RELEASED
                          │  └────────────release (no new outcome)────────────▶ │
                          └◀──────────────acquire (expired lease / same owner)──┘
+    RELEASED (outcome stored) ──reopen (an operator's re-drive)──▶ RELEASED (no outcome)
 
 Every transition demands the exact successor revision of the state it starts from
 (:class:`RevisionConflict` otherwise), and every write after ``acquire`` presents the fence it
@@ -123,6 +124,26 @@ class ClaimState:
         self._guard_fence(fence)
         return ClaimState(self.identity, ClaimStatus.RELEASED, "", self.fence, 0, self.ordinal,
                           self.revision + 1, self.outcome)
+
+    def reopen(self, *, expected_revision: int, now_ns: int, force: bool = False) -> ClaimState:
+        """Clear a stored outcome so the next delivery executes again (an operator's re-drive).
+
+        Only a released identity is reopened: never under a live claim (:class:`LeaseHeld`), so
+        an execution in progress finishes first and the reopen is asked for again. A SUCCEEDED
+        outcome is kept unless ``force``: running a succeeded effect again is the operator's
+        explicit decision. The fence is kept, so the next claim mints a fence greater than every
+        earlier one; the delivery ordinal restarts, so the re-driven identity gets the whole
+        delivery bound again.
+        """
+        self._guard_revision(expected_revision)
+        if self.lease_active(now_ns):
+            raise LeaseHeld(self.identity, self.owner, self.lease_expires_ns)
+        if self.outcome is None:
+            raise IllegalTransition(self.identity, self.status.value, "reopen (no outcome stored)")
+        if self.outcome.kind is OutcomeKind.SUCCEEDED and not force:
+            raise IllegalTransition(self.identity, self.status.value,
+                                    "reopen a SUCCEEDED outcome without force")
+        return ClaimState(self.identity, ClaimStatus.RELEASED, "", self.fence, 0, 0, self.revision + 1, None)
 
     # --- persistence shape (see schemas/claim.avsc) -------------------------------------------
 

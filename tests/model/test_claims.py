@@ -256,6 +256,31 @@ def test_lease_held_in_outcome_stored() -> None:
         s.acquire(owner="B", now_ns=1, duration_ns=LEASE, expected_revision=s.revision)
 
 
+def test_reopen_clears_a_failed_outcome_and_the_next_claim_has_a_greater_fence() -> None:
+    s = claimed()
+    failed = ok(s.fence, kind=OutcomeKind.FAILED)
+    s = s.store_outcome(fence=s.fence, expected_revision=s.revision, outcome=failed)
+    s = s.release(fence=s.fence, expected_revision=s.revision)
+    r = s.reopen(expected_revision=s.revision, now_ns=LEASE + 1)
+    assert (r.status, r.outcome, r.fence, r.ordinal, r.revision) == (ClaimStatus.RELEASED, None, s.fence, 0,
+                                                                     s.revision + 1)
+    again = r.acquire(owner="B", now_ns=LEASE + 2, duration_ns=LEASE, expected_revision=r.revision)
+    assert again.fence == s.fence + 1 and again.ordinal == 1 and again.outcome is None
+
+
+def test_reopen_refuses_success_without_force_a_live_lease_and_nothing_stored() -> None:
+    done = stored().release(fence=1, expected_revision=2)
+    with pytest.raises(IllegalTransition, match="without force"):
+        done.reopen(expected_revision=done.revision, now_ns=LEASE + 1)
+    assert done.reopen(expected_revision=done.revision, now_ns=LEASE + 1, force=True).outcome is None
+    with pytest.raises(LeaseHeld):
+        stored().reopen(expected_revision=2, now_ns=1, force=True)  # the execution finishes first
+    with pytest.raises(IllegalTransition, match="no outcome"):
+        fresh().reopen(expected_revision=0, now_ns=0)
+    with pytest.raises(RevisionConflict):
+        done.reopen(expected_revision=done.revision - 1, now_ns=LEASE + 1, force=True)
+
+
 # --- stateful model ------------------------------------------------------------------------------
 
 OWNERS = ("w1", "w2", "w3")
@@ -274,6 +299,8 @@ class ClaimMachine(RuleBasedStateMachine):
         self.now = 0
         self.states = {i: ClaimState(i) for i in IDENTS}
         self.acquires = dict.fromkeys(IDENTS, 0)
+        """Acquires since the last reopen (the delivery ordinal)."""
+        self.total_acquires = dict.fromkeys(IDENTS, 0)
         self.outcomes_stored = dict.fromkeys(IDENTS, 0)
         self.first_outcome: dict[str, Outcome | None] = dict.fromkeys(IDENTS)
         self.max_fence = dict.fromkeys(IDENTS, 0)
@@ -325,6 +352,7 @@ class ClaimMachine(RuleBasedStateMachine):
         assert new.outcome == s.outcome
         self.max_fence[ident] = new.fence
         self.acquires[ident] += 1
+        self.total_acquires[ident] += 1
         self._ok(ident, new)
         self.seen[(owner, ident)] = (new.fence, new.revision)
 
@@ -422,6 +450,27 @@ class ClaimMachine(RuleBasedStateMachine):
         self._refused(ident, s, RevisionConflict, lambda: s.acquire(
             owner=owner, now_ns=self.now + 10 * LEASE, duration_ns=LEASE, expected_revision=rev))
 
+    @rule(ident=st.sampled_from(IDENTS), force=st.booleans())
+    def reopen(self, ident: str, force: bool) -> None:
+        """An operator's re-drive: only a stored outcome, never under a live lease, SUCCEEDED only
+        with force; the fence stays, so the next claim's is greater than every earlier one."""
+        s = self.states[ident]
+        call = lambda: s.reopen(expected_revision=s.revision, now_ns=self.now, force=force)  # noqa: E731
+        held = s.status in (ClaimStatus.CLAIMED, ClaimStatus.OUTCOME_STORED) and self.now < s.lease_expires_ns
+        if held:
+            self._refused(ident, s, LeaseHeld, call)
+            return
+        if s.outcome is None or (s.outcome.kind is OutcomeKind.SUCCEEDED and not force):
+            self._refused(ident, s, IllegalTransition, call)
+            return
+        new = call()
+        assert new.status is ClaimStatus.RELEASED and new.outcome is None and new.owner == ""
+        assert new.fence == s.fence and new.ordinal == 0 and new.lease_expires_ns == 0
+        self.acquires[ident] = 0
+        self.outcomes_stored[ident] = 0
+        self.first_outcome[ident] = None
+        self._ok(ident, new)
+
     @rule(ident=st.sampled_from(IDENTS))
     def illegal_release(self, ident: str) -> None:
         s = self.states[ident]
@@ -447,7 +496,7 @@ class ClaimMachine(RuleBasedStateMachine):
     def counters_match_model(self) -> None:
         for ident, s in self.states.items():
             assert s.ordinal == self.acquires[ident]
-            assert s.fence == self.max_fence[ident] == self.acquires[ident]
+            assert s.fence == self.max_fence[ident] == self.total_acquires[ident]
             assert s.revision == len(self.history[ident]) - 1
 
     @invariant()
