@@ -47,7 +47,7 @@ from streamsched.kafka import clients
 from streamsched.model.limits import MAX_PARK_S
 from streamsched.model.names import RESERVED_PREFIX, validate_name
 
-TopicKind = Literal["transition", "state", "output", "dead_letter", "delay"]
+TopicKind = Literal["transition", "state", "output", "dead_letter", "delay", "audit"]
 
 DELAY_OUTAGE_MARGIN_S = 7 * 86_400
 """How long a parked record survives past its due time while its partition has no live owner
@@ -64,7 +64,7 @@ DELAY_RETENTION_NOTE = (f"delay topics are created with retention.ms={DELAY_RETE
                         f"must keep at least {MIN_DELAY_RETENTION_MS} ms")
 VISIBLE_TIMEOUT_S = 30.0
 """How long apply waits for topics to be visible (partitions and configs) before verifying."""
-INTERNAL_KINDS: Final = frozenset({"state", "dead_letter", "delay"})
+INTERNAL_KINDS: Final = frozenset({"state", "dead_letter", "delay", "audit"})
 """Kinds whose topics streamsched owns (with ``__streamsched.*`` names): durable by default."""
 MAX_DEFAULT_REPLICATION: Final = 3
 """Default replication factor: ``min(3, brokers)``."""

@@ -142,6 +142,7 @@ def plan_scheduler(s: SchedulerDef, principal: str, *, catalogs: Iterable[str] =
     add("TOPIC", s.delay_topic, ("READ", "WRITE", "DESCRIBE"), "delay topic: park retries and read them back")
     add("TOPIC", s.state_topic, ("READ", "WRITE", "DESCRIBE"), "state topic: claims and outcomes; restore")
     add("TOPIC", s.dead_letter_topic, ("WRITE", "DESCRIBE"), "dead-letter topic")
+    add("TOPIC", s.audit_topic, ("WRITE", "DESCRIBE"), "audit topic: what it did with operators' re-drives")
     for topic in sorted(s.outputs):
         add("TOPIC", topic, ("WRITE", "DESCRIBE"), "declared output of a Kafka-native command")
     for catalog in sorted(set(catalogs)):

@@ -38,6 +38,7 @@ from streamsched.model.jsonval import json_dumps
 from streamsched.testing.fakes import FakeKafka, FakeRecord
 from streamsched.testing.virtual import Clocked, SchedulerRig, VirtualClock, settle
 from streamsched.wire.claim import decode_claim
+from streamsched.wire.control import AuditEntry, RedriveRequest, redrive_record
 from streamsched.wire.dead_letter import DeadLetterView, view_dead_letter
 from streamsched.wire.transition import encode_transition
 from streamsched.worker.app import App, SchedulerDef
@@ -157,7 +158,7 @@ class TestApp:
                 self.ensure_topic(topic)
         for s in self.schedulers.values():
             n = self.kafka.partitions(s.topic)  # co-partitioned, as the worker creates them
-            for internal in (s.state_topic, s.dead_letter_topic, s.delay_topic):
+            for internal in (s.state_topic, s.dead_letter_topic, s.delay_topic, s.audit_topic):
                 self.ensure_topic(internal, n)
 
     # --- time ---------------------------------------------------------------------------------
@@ -231,6 +232,37 @@ class TestApp:
         rec = self.kafka.produce(topic, value, key=key, partition=partition)
         await self.settle()
         return rec
+
+    async def redrive(self, event: TransitionEvent | str, *, scheduler: str | None = None, reason: str = "",
+                      force: bool = False, principal: str = "User:test") -> None:
+        """Re-drive an identity as ``streamsched redrive`` does: a request at the revision its state
+        has now, to the scheduler's delay topic in the identity's home partition; then settle.
+        Given an event, the owner reopens the identity and runs that event again; given an
+        identity, it only reopens (its next delivery runs)."""
+        s = self.scheduler(scheduler)
+        identity = event if isinstance(event, str) else self.identity(event, scheduler=s.name)
+        key = identity.encode()
+        found = [(r.partition, r.value) for r in self.kafka.records(s.state_topic) if r.key == key]
+        if not found or found[-1][1] is None:
+            raise ConfigError("no claim of this identity is stored: nothing to re-drive")
+        partition, raw = found[-1]
+        assert raw is not None
+        request = RedriveRequest.new(identity, decode_claim(raw).revision, principal=principal,
+                                     at_ns=self.clock.now_ns, reason=reason, force=force)
+        if isinstance(event, str):
+            key, value, headers = redrive_record(request, None, None)
+        else:
+            key, value, headers = redrive_record(request, encode_transition(event),
+                                                 route_key(event.tenant, event.target))
+        self.kafka.produce(s.delay_topic, value, key=key, partition=partition, headers=headers)
+        await self.settle()
+
+    def audit(self, event: TransitionEvent | str, *, scheduler: str | None = None) -> list[AuditEntry]:
+        """The committed audit entries of an identity (what its owners did with re-drives)."""
+        s = self.scheduler(scheduler)
+        identity = event if isinstance(event, str) else self.identity(event, scheduler=s.name)
+        key = identity.encode()
+        return [AuditEntry.decode(r.value) for r in self.kafka.records(s.audit_topic) if r.key == key]
 
     def _default_topic(self) -> str:
         topics = {s.topic for s in self.schedulers.values()}

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamsched.errors import CommandNotAllowed, ConfigError
+from streamsched.kafka.admin import TopicSpec
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import IdentityParts, IdentityResolver, route_key
 from streamsched.model.jsonval import json_dumps
@@ -275,6 +276,18 @@ class SchedulerDef:
     @property
     def dead_letter_topic(self) -> str:
         return internal_topic("dlq", self.name)
+
+    @property
+    def audit_topic(self) -> str:
+        """What owners did with operators' re-drive requests (co-partitioned, keyed by identity)."""
+        return internal_topic("audit", self.name)
+
+    def internal_topics(self, partitions: int, replication: int | None) -> list[TopicSpec]:
+        """The topics the scheduler owns, co-partitioned with its transition topic."""
+        return [TopicSpec(self.state_topic, partitions, replication, kind="state"),
+                TopicSpec(self.dead_letter_topic, partitions, replication, kind="dead_letter"),
+                TopicSpec(self.delay_topic, partitions, replication, kind="delay"),
+                TopicSpec(self.audit_topic, partitions, replication, kind="audit")]
 
     @property
     def outputs(self) -> frozenset[str]:

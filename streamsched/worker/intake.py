@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from streamsched.errors import ConfigError
 from streamsched.kafka import clients
-from streamsched.kafka.admin import TopicSpec, apply, partition_counts
+from streamsched.kafka.admin import apply, partition_counts
 from streamsched.kafka.member import GroupMember, Membership
 from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
@@ -165,11 +165,7 @@ class Worker:
         s = self.scheduler
         # Outputs must exist (never auto-created): one request asks for them with the topic.
         n = (await partition_counts(self.config.bootstrap, [s.topic, *sorted(s.outputs)]))[s.topic]
-        specs = [
-            TopicSpec(s.state_topic, n, self.config.replication, kind="state"),
-            TopicSpec(s.dead_letter_topic, n, self.config.replication, kind="dead_letter"),
-            TopicSpec(s.delay_topic, n, self.config.replication, kind="delay"),
-        ]
+        specs = s.internal_topics(n, self.config.replication)
         # Replication left to the default: topics an operator made otherwise are accepted (reported).
         report = await apply(self.config.bootstrap, specs, allow_drift=self.config.replication is None,
                              allow_single_replica=self.config.allow_single_replica)

@@ -1,6 +1,7 @@
 """The records a turn writes besides claim snapshots and emitted events.
 
-Dead letters, parked records (the delay topic) and records forwarded to their home partition,
+Dead letters, parked records (the delay topic), records forwarded to their home partition and
+audit entries of operators' re-drives,
 added to the transaction's :class:`~streamsched.kafka.writer.GroupedWriter`. What to write comes
 from step 1's verdict on a record (:class:`~streamsched.worker.selection.Item`) or from what an
 execution decided (:class:`~streamsched.worker.execute.Execution`). Pure with respect to Kafka:
@@ -33,6 +34,7 @@ class Records:
     delay_topic: str
     dlq_topic: str
     metrics: Metrics
+    audit_topic: str = ""
 
     def selected(self, items: Iterable[Item], writer: GroupedWriter, now_ns: int) -> None:
         """Dead letters, parked and forwarded records of items step 1 did not make leaders."""
@@ -57,6 +59,10 @@ class Records:
         writer.add(self.delay_topic, encode_transition(ev), key=rec.key, partition=self.partition,
                    headers=due_headers(until_ns))
         self.metrics.inc("parked")
+
+    def audit(self, identity: str, entry: bytes, writer: GroupedWriter) -> None:
+        """An operator request's audit entry (keyed by the identity, on this partition)."""
+        writer.add(self.audit_topic, entry, key=identity.encode(), partition=self.partition)
 
     def dead_letter(self, rec: ConsumerRecord, event: TransitionEvent | None, dead: tuple[str, str],
                     writer: GroupedWriter, now_ns: int) -> None:

@@ -21,6 +21,7 @@ from streamsched.model.claims import ClaimState
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import route_key
 from streamsched.model.limits import MAX_PARK_S
+from streamsched.wire.control import REDRIVE, RedriveRequest, control_kind, decode_request
 from streamsched.wire.dead_letter import NO_VALUE_REASON
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition
@@ -52,21 +53,46 @@ class Item:
     """Not to run yet (a future due time, another owner's lease): parked in the delay topic."""
     attempt_next: int = 0
     """The attempt a parked record carries."""
+    control: RedriveRequest | None = None
+    """An operator's re-drive of ``identity`` (a delay-topic control record): applied by the
+    claim step when the item leads (before its claim), else by the batch's resolution."""
 
 
 # Constructed directly, not with dataclasses.replace (which introspects the fields each time).
 def _follower(it: Item) -> Item:
     return Item(it.record, it.event, it.identity, it.dead, True, it.forward, it.park_until_ns,
-                it.attempt_next)
+                it.attempt_next, it.control)
 
 
 def _forwarded(it: Item, home: int) -> Item:
     return Item(it.record, it.event, it.identity, it.dead, it.follower, home, it.park_until_ns,
-                it.attempt_next)
+                it.attempt_next, it.control)
 
 
 def _parked(it: Item, until_ns: int, attempt: int) -> Item:
-    return Item(it.record, it.event, it.identity, it.dead, it.follower, it.forward, until_ns, attempt)
+    return Item(it.record, it.event, it.identity, it.dead, it.follower, it.forward, until_ns, attempt,
+                it.control)
+
+
+def _classify_control(s: SchedulerDef, rec: ConsumerRecord, kind: bytes) -> Item:
+    """A control record: only on the delay topic (which services cannot write), only a re-drive
+    of the identity its event (if any) resolves to; anything else is a dead letter."""
+    if rec.topic != s.delay_topic:
+        return Item(rec, dead=("decode", "control record outside the scheduler's delay topic"))
+    if kind != REDRIVE:
+        return Item(rec, dead=("decode", "control: unknown kind"))
+    try:
+        request = decode_request(rec.headers)
+    except DecodeError as exc:
+        return Item(rec, dead=("decode", exc.reason))
+    if rec.value is None:
+        return Item(rec, identity=request.identity, control=request)  # reopen only
+    it = classify(s, rec, control=False)
+    if it.dead is not None:
+        return it
+    if it.identity != request.identity:
+        return Item(rec, it.event, dead=("decode", "control: the event is not of the re-driven identity"))
+    return Item(rec, it.event, it.identity, control=request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +115,14 @@ class Batch:
         return [it for it in self.items if id(it) not in leaders]
 
 
-def classify(s: SchedulerDef, rec: ConsumerRecord) -> Item:
+def classify(s: SchedulerDef, rec: ConsumerRecord, *, control: bool = True) -> Item:
     """One record as step 1 sees it: decoded, selected (an identity) or not (none), or a dead
     letter with its kind (``decode``, ``bound``, ``misrouted``). ``replay --verify`` counts with
     this same function, so it predicts exactly what a worker would do."""
+    if control and rec.headers:
+        kind = control_kind(rec.headers)
+        if kind is not None:
+            return _classify_control(s, rec, kind)
     if rec.value is None:
         return Item(rec, dead=("decode", NO_VALUE_REASON))
     try:
@@ -151,7 +181,7 @@ class Selector:
         for it in batch.items:
             items.append(it)
             if not it.identity or it.dead is not None or it.event is None:
-                continue
+                continue  # (a re-drive without an event is applied when its batch resolves)
             if it.record.topic == self.s.topic:
                 # Delay-topic records need no check: the turn parks only items that passed it.
                 home = _home_partition(it.record.key, partitions)

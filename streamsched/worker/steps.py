@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from streamsched import failpoints
-from streamsched.errors import StreamschedError
+from streamsched.errors import ClaimError, IllegalTransition, LeaseHeld, RevisionConflict, StreamschedError
 from streamsched.kafka.protocols import TransactionalProducer
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
 from streamsched.model.event import TransitionEvent
 from streamsched.model.limits import MAX_DELIVERY_ATTEMPTS
 from streamsched.model.retry import RetryPolicy
+from streamsched.wire.control import AuditEntry
 from streamsched.wire.dead_letter import ATTEMPTS_EXHAUSTED, ATTEMPTS_EXHAUSTED_REASON
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.checkpoint import Checkpoint, Marks
@@ -79,7 +80,7 @@ class PartitionSteps:
         self.feedback = feedback
         self.rng = rng or random.Random()
         self.records = Records(scheduler.topic, partition, scheduler.delay_topic,
-                               scheduler.dead_letter_topic, metrics)
+                               scheduler.dead_letter_topic, metrics, audit_topic=scheduler.audit_topic)
         self.concurrent = False
         """A handler has suspended: items execute as tasks from now on (:meth:`execute_all`)."""
 
@@ -92,6 +93,8 @@ class PartitionSteps:
         claims = []
         for it in leaders:
             cur = cp.current(it.identity)
+            if it.control is not None:
+                cur = self.redrive(it, cur, cp, now)  # reopened first, then claimed: one transaction
             st = cur.acquire(owner=self.owner, now_ns=now, duration_ns=duration,
                              expected_revision=cur.revision)
             exhausted = None
@@ -190,8 +193,61 @@ class PartitionSteps:
                 records.park(it.record, it.event, ex.park_until_ns, ex.attempt_next, cp.writer)
 
     def write_others(self, items: Iterable[Item], cp: Checkpoint) -> None:
-        """Dead letters, parked and forwarded records of a batch's items that were not leaders."""
-        self.records.selected(items, cp.writer, self.clock())
+        """Dead letters, parked and forwarded records of a batch's items that were not leaders,
+        and the re-drives among them (applied if they carry no event, else refused: their
+        identity is claimed right now, or they wait for a lease)."""
+        now = self.clock()
+        items = list(items)
+        for it in items:
+            if it.control is None or it.dead is not None:
+                continue
+            if it.event is None:
+                self.redrive(it, cp.current(it.identity), cp, now)
+            else:
+                self._audit(it, cp.current(it.identity), cp, now, result="refused", why="live_claim")
+        self.records.selected(items, cp.writer, now)
+
+    def redrive(self, it: Item, cur: ClaimState, cp: Checkpoint, now: int) -> ClaimState:
+        """Apply the re-drive ``it`` carries to ``cur`` (the state this transaction sees): the
+        reopened state, written to ``cp``, or ``cur`` unchanged if it is refused. Either way an
+        audit entry goes into the same transaction."""
+        req = it.control
+        assert req is not None
+        why = ""
+        try:
+            if req.revision != cur.revision:
+                # Not the revision the operator inspected: a request delivered twice (its first
+                # delivery already reopened, and maybe ran, the identity) or overtaken by a newer
+                # execution. Applying it again could run the identity twice.
+                raise RevisionConflict(cur.identity, req.revision, cur.revision)
+            reopened = cur.reopen(expected_revision=cur.revision, now_ns=now, force=req.force)
+        except RevisionConflict:
+            why = "changed"
+        except LeaseHeld:
+            why = "live_claim"
+        except IllegalTransition:
+            why = "nothing_stored" if cur.outcome is None else "succeeded"
+        except ClaimError:
+            why = "refused"
+        if why:
+            self._audit(it, cur, cp, now, result="refused", why=why)
+            return cur
+        cp.put(reopened)
+        self._audit(it, cur, cp, now, result="reopened", after=reopened)
+        return reopened
+
+    def _audit(self, it: Item, cur: ClaimState, cp: Checkpoint, now: int, *, result: str, why: str = "",
+               after: ClaimState | None = None) -> None:
+        req = it.control
+        assert req is not None
+        entry = AuditEntry(req.identity, req.request, req.principal, req.at_ns, now, req.reason, result, why,
+                           cur.outcome.kind.value if cur.outcome is not None else "", cur.fence,
+                           (after or cur).revision)
+        self.records.audit(req.identity, entry.encode(), cp.writer)
+        if result == "reopened":
+            self.metrics.inc("redriven")
+        else:
+            self.metrics.inc("redrive_refused", kind=why)
 
     def _schedule_feedback(self, event: TransitionEvent, ex: Execution, cp: Checkpoint) -> None:
         """Report a scheduled occurrence's attempt to its catalog (in the same transaction).
@@ -249,11 +305,13 @@ _RELEASE_ONLY = Execution()
 
 def writes_side_records(batches: Iterable[tuple[Batch, list[Resolved]]]) -> bool:
     """Whether resolving ``batches`` writes a record that re-reading them would write again
-    (a dead letter, a forwarded or parked record, schedule feedback): their offsets then commit
+    (a dead letter, a forwarded or parked record, schedule feedback, a re-drive's audit entry):
+    their offsets then commit
     with them, so a crash never duplicates one."""
     for batch, results in batches:
         if any(it.dead is not None or it.forward is not None or it.park_until_ns is not None
-               or (it.event is not None and it.event.origin) for it in batch.items):
+               or it.control is not None or (it.event is not None and it.event.origin)
+               for it in batch.items):
             return True
         if any(r.execution.dead is not None or r.execution.park_until_ns is not None for r in results):
             return True

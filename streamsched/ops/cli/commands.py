@@ -79,10 +79,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
             base = by_name.get(sched.topic)
             if base is None:
                 raise ConfigError(f"scheduler {sched.name}: topic {sched.topic} is not defined")
-            derived.append(TopicSpec(sched.state_topic, base.partitions, base.replication, "state"))
-            derived.append(TopicSpec(sched.dead_letter_topic, base.partitions, base.replication,
-                                     "dead_letter"))
-            derived.append(TopicSpec(sched.delay_topic, base.partitions, base.replication, "delay"))
+            derived.extend(sched.internal_topics(base.partitions, base.replication))
     bootstrap = connect(args)
     for name in args.catalog or ():
         catalog = Catalog(bootstrap, name, partitions=args.catalog_partitions, replication=args.replication)
