@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TextIO
 
 from tqdm import tqdm
 
-from streamsched.errors import ConfigError
+from streamsched.errors import ConfigError, DecodeError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_counts
 from streamsched.kafka.changelog import PartitionReader
@@ -33,10 +33,15 @@ from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import IDENTITY_PATTERN, route_key
 from streamsched.ops.replay_verify import progress_bar
 from streamsched.wire.claim import CLAIM_PREFIX, decode_claim
+from streamsched.wire.control import AuditEntry
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.worker.app import SchedulerDef
 
-__all__ = ["IdentityView", "format_view", "identity_of", "inspect_identity"]
+__all__ = ["IdentityView", "format_view", "identity_of", "inspect_identity", "scan_states"]
+
+
+AUDIT_SHOWN = 20
+"""Audit entries of one identity that ``inspect`` shows (the latest)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,9 @@ class IdentityView:
     """The group's committed offset of the home transition partition (None: nothing committed)."""
     state_end_offset: int | None = None
     records_read: int = 0
+    audit: tuple[AuditEntry, ...] = ()
+    """What owners did with re-drive requests of the identity (oldest first; the latest
+    :data:`AUDIT_SHOWN`)."""
 
     @property
     def resolved(self) -> bool:
@@ -77,6 +85,7 @@ class IdentityView:
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["resolved"] = self.resolved
+        out["audit"] = [e.to_dict() for e in self.audit]
         return out
 
 
@@ -92,26 +101,53 @@ def _check_identity(identity: str) -> str:
     return identity
 
 
-async def _latest(bootstrap: clients.Conn, topic: str, partition: int, identity: str,
-                  meter: Callable[[int], tqdm[NoReturn]]) -> tuple[ClaimState | None, bool, int, int]:
-    """The identity's latest snapshot in ``topic[partition]`` (None if its last record is a
-    tombstone or there is none), whether any record of it was seen, records read, end offset."""
-    key = identity.encode()
-    latest: bytes | None = None
-    seen = False
+Meter = Callable[[int], "tqdm[NoReturn]"]
+"""Makes the progress bar of a partition read, given its record count."""
+
+
+async def scan_states(bootstrap: clients.Conn, topic: str, partition: int, identities: set[str],
+                      meter: Meter) -> tuple[dict[str, ClaimState | None], int, int]:
+    """The latest snapshot of each of ``identities`` found in ``topic[partition]`` (None: its
+    last record is a tombstone or not a claim), records read, and the end offset. One pass, a
+    page at a time; only the wanted identities' latest values are kept."""
+    keys = {i.encode(): i for i in identities}
+    latest: dict[str, bytes | None] = {}
     read = 0
     async with PartitionReader(bootstrap, topic, partition) as reader:
         bounds = await reader.bounds()
         with meter(bounds.end - bounds.begin) as bar:
             async for records, _position in reader.pages(bounds.begin, bounds.end):
                 for rec in records:
-                    if rec.key == key:
-                        seen, latest = True, rec.value
+                    identity = keys.get(rec.key) if rec.key is not None else None
+                    if identity is not None:
+                        latest[identity] = rec.value
                 read += len(records)
                 bar.update(len(records))
-    if latest is None or not latest.startswith(CLAIM_PREFIX):
-        return None, seen, read, bounds.end
-    return decode_claim(latest), seen, read, bounds.end
+    found = {i: decode_claim(v) if v is not None and v.startswith(CLAIM_PREFIX) else None
+             for i, v in latest.items()}
+    return found, read, bounds.end
+
+
+async def _audit(bootstrap: clients.Conn, topic: str, partition: int, identity: str,
+                 meter: Meter) -> tuple[AuditEntry, ...]:
+    """The identity's audit entries on ``topic[partition]`` (none if the topic does not exist)."""
+    if not (await partition_counts(bootstrap, [topic], missing_ok=True))[topic]:
+        return ()
+    key = identity.encode()
+    entries: list[AuditEntry] = []
+    async with PartitionReader(bootstrap, topic, partition) as reader:
+        bounds = await reader.bounds()
+        with meter(bounds.end - bounds.begin) as bar:
+            async for records, _position in reader.pages(bounds.begin, bounds.end):
+                for rec in records:
+                    if rec.key == key:
+                        try:
+                            entries.append(AuditEntry.decode(rec.value))
+                        except DecodeError:
+                            continue  # not ours to show
+                        del entries[:-AUDIT_SHOWN]
+                bar.update(len(records))
+    return tuple(entries)
 
 
 async def _committed(bootstrap: clients.Conn, group: str, topic: str, partition: int) -> int | None:
@@ -157,11 +193,14 @@ async def inspect_identity(bootstrap: clients.Conn, scheduler: SchedulerDef, *,
         return progress_bar(total, enabled=progress, stream=stream or sys.stderr, what=f"inspect {p}")
 
     for p in candidates:
-        st, seen, n, end = await _latest(bootstrap, scheduler.state_topic, p, identity, meter)
+        found, n, end = await scan_states(bootstrap, scheduler.state_topic, p, {identity}, meter)
         read += n
-        if not seen and len(candidates) > 1:
+        st = found.get(identity)
+        if identity not in found and len(candidates) > 1:
             continue  # not here: the next partition
         committed = await _committed(bootstrap, scheduler.group, scheduler.topic, p)
+        audit = await _audit(bootstrap, scheduler.audit_topic, p, identity, meter)
+        base = replace(base, audit=audit)
         if st is None:
             return replace(base, partition=p, committed_offset=committed, state_end_offset=end,
                            records_read=read)
@@ -203,6 +242,9 @@ def format_view(v: IdentityView) -> str:
              ("resolved", "yes: a redelivery releases without running" if v.resolved else
               "no: the next delivery runs it" if not v.lease_active else "no: a claim is held"),
              ("state records read", str(v.records_read))]
+    for e in v.audit:
+        rows.append(("re-drive", f"{_when(e.applied_ns)} {e.result}{' (' + e.why + ')' if e.why else ''} by "
+                                 f"{e.principal}: {e.reason or '-'}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {val}" for k, val in rows)
 

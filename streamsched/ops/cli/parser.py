@@ -16,6 +16,7 @@ from streamsched.ops.cli.commands import (
     cmd_dlq,
     cmd_inspect,
     cmd_outbox,
+    cmd_redrive,
     cmd_replay,
     cmd_run,
     cmd_status,
@@ -166,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     dq.add_argument("--kind", default=None, help="only this kind (decode, bound, misrouted, terminal, ...)")
     dq.add_argument("--limit", type=int, default=100, help="at most this many dead letters (default 100)")
     dq.add_argument("--dry-run", action="store_true", help="replay: count, send nothing")
+    dq.add_argument("--redrive", action="store_true",
+                    help="replay: reopen the stored FAILED outcomes of the originals' identities and run "
+                         "each original again, through its owner (needs --app; as `redrive --from-dlq`)")
+    dq.add_argument("--app", default=None, help="--redrive: MODULE:ATTR of the app running the scheduler")
+    dq.add_argument("--reason", default="", help="--redrive: why (kept in the audit trail)")
     add_connection_options(dq)
     dq.set_defaults(fn=cmd_dlq)
 
@@ -266,6 +272,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="progress on stderr (default: on large state partitions)")
     add_connection_options(ins)
     ins.set_defaults(fn=cmd_inspect)
+
+    rd = sub.add_parser("redrive", help="reopen stored FAILED outcomes so their identities execute again "
+                        "(through the identity's owner, audited)")
+    rd.add_argument("--app", required=True, help="MODULE:ATTR of a streamsched.App")
+    rd.add_argument("--scheduler", default=None, help="scheduler name (optional if the app has one)")
+    what = rd.add_mutually_exclusive_group(required=True)
+    what.add_argument("--identity", default=None, metavar="sched_...",
+                      help="reopen this identity; its next delivery runs")
+    what.add_argument("--event", default=None, metavar="JSON",
+                      help="reopen this event's identity and run it again")
+    what.add_argument("--from-dlq", action="store_true",
+                      help="every dead letter of the scheduler (reopened and run again)")
+    rd.add_argument("--kind", default=None, help="--from-dlq: only dead letters of this kind (e.g. terminal)")
+    rd.add_argument("--since", default=None, metavar="ISO8601",
+                    help="--from-dlq: only dead letters written at or after this time (no offset given: UTC)")
+    rd.add_argument("--reason", default="", help="why (kept in the audit trail, at most 200 characters)")
+    rd.add_argument("--force", action="store_true",
+                    help="also reopen SUCCEEDED outcomes (runs the effect again)")
+    rd.add_argument("--dry-run", action="store_true", help="show what would be re-driven, send nothing")
+    rd.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress on stderr (default: on large state partitions)")
+    add_connection_options(rd)
+    rd.set_defaults(fn=cmd_redrive)
 
     ac = sub.add_parser("acl", help=ACL_HELP)
     add_acl_arguments(ac)  # with the connection options

@@ -1,0 +1,193 @@
+"""``streamsched redrive``: reopen stored outcomes so their identities execute again.
+
+The command never writes claim state. For each identity it reads the latest snapshot (the
+compacted state partition, as ``inspect`` does) and, if a re-drive is allowed, produces a
+re-drive request to the scheduler's delay topic in the identity's home partition
+(:mod:`streamsched.wire.control`). The partition's owner applies it in its own transaction:
+only if the identity is still at the revision read here, never under a live claim, a SUCCEEDED
+outcome only with ``force``; its audit entry goes to the scheduler's audit topic.
+
+Targets: an event (reopened, then that event runs again), a bare identity (reopened; its next
+delivery runs), or dead letters (``--from-dlq``: each decodable original of the scheduler, of a
+kind and since a time if asked; reopened and run again in one step).
+
+What is refused here is refused before anything is sent, with the reason counted in the
+report: ``live_claim``, ``succeeded`` (no ``--force``), ``nothing_stored`` (never claimed, or not
+failed yet: nothing to reopen).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, TextIO
+
+from tqdm import tqdm
+
+from streamsched.errors import ConfigError, DecodeError
+from streamsched.kafka import clients
+from streamsched.kafka.admin import partition_counts
+from streamsched.model.claims import ClaimState, OutcomeKind
+from streamsched.model.event import TransitionEvent
+from streamsched.model.identity import IDENTITY_PATTERN, route_key
+from streamsched.ops.dlq import list_dead_letters
+from streamsched.ops.inspect import scan_states
+from streamsched.ops.replay_verify import progress_bar
+from streamsched.wire.control import RedriveRequest, redrive_record
+from streamsched.wire.partitioner import partition_for_key
+from streamsched.wire.transition import decode_transition, encode_transition
+from streamsched.worker.app import SchedulerDef
+
+__all__ = ["MAX_REDRIVE", "RedriveReport", "Target", "principal_of", "redrive", "targets_from_dlq"]
+
+MAX_REDRIVE = 10_000
+"""Most identities one command re-drives (dead letters beyond it are left for another run)."""
+LISTED = 100
+"""Identities listed in the report (the counts cover all)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """An identity to re-drive, and the event to run again (None: only reopen)."""
+
+    identity: str
+    event: TransitionEvent | None = None
+
+
+@dataclass
+class RedriveReport:
+    requested: list[str] = field(default_factory=list)
+    refused: Counter[str] = field(default_factory=Counter)
+    dry_run: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"requested": len(self.requested), "refused": dict(self.refused), "dry_run": self.dry_run,
+                "identities": self.requested[:LISTED], "identities_truncated": len(self.requested) > LISTED}
+
+
+def principal_of(conn: clients.Conn) -> str:
+    """Who asks (for the audit trail): the SASL user the command connects as, else the local
+    user. Kafka does not tell consumers who produced a record, so this is what the requester
+    states; the delay topic's ACL is what limits who may ask at all."""
+    user = clients.connection(conn).sasl_username
+    if user:
+        return f"User:{user}"
+    try:
+        return f"local:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "local:unknown"
+
+
+def _check_identity(identity: str) -> str:
+    if not IDENTITY_PATTERN.fullmatch(identity):
+        raise ConfigError("--identity must be a sched_<64 lower-case hex> identity")
+    return identity
+
+
+def _why_refused(st: ClaimState | None, now_ns: int, force: bool) -> str | None:
+    if st is None or st.outcome is None:
+        return "nothing_stored" if st is None or not st.lease_active(now_ns) else "live_claim"
+    if st.lease_active(now_ns):
+        return "live_claim"
+    if st.outcome.kind is OutcomeKind.SUCCEEDED and not force:
+        return "succeeded"
+    return None
+
+
+async def targets_from_dlq(bootstrap: clients.Conn, scheduler: SchedulerDef, *, kind: str | None = None,
+                           since_ns: int | None = None, limit: int = MAX_REDRIVE) -> list[Target]:
+    """The scheduler's dead letters as re-drive targets: each decodable original of its topic
+    that the scheduler selects, one per identity (its latest dead letter's event)."""
+    views = await list_dead_letters(bootstrap, scheduler.dead_letter_topic, limit=limit, kind=kind)
+    targets: dict[str, Target] = {}
+    for v in views:
+        if since_ns is not None and v.at_ns < since_ns:
+            continue
+        if v.source_topic != scheduler.topic or not v.original:
+            continue
+        try:
+            ev = decode_transition(v.original)
+        except DecodeError:
+            continue  # a record that never decoded has no identity to reopen
+        if not scheduler.selection.matches(ev):
+            continue
+        identity = scheduler.resolve_identity(ev.due_ns, ev.tenant, ev.target)
+        targets[identity] = Target(identity, ev)
+    return list(targets.values())
+
+
+async def redrive(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Iterable[Target], *,
+                  reason: str = "", force: bool = False, dry_run: bool = False,
+                  progress: bool | None = None, stream: TextIO | None = None,
+                  principal: str | None = None) -> RedriveReport:
+    """Request a re-drive of each target that may be reopened now (see the module docs)."""
+    chosen = list(targets)
+    if len(chosen) > MAX_REDRIVE:
+        raise ConfigError(f"{len(chosen)} identities to re-drive: at most {MAX_REDRIVE} per run")
+    for t in chosen:
+        _check_identity(t.identity)
+    topics = [scheduler.topic, scheduler.state_topic, scheduler.delay_topic]
+    counts = await partition_counts(bootstrap, topics, missing_ok=True)
+    partitions = counts[scheduler.topic]
+    if not partitions:
+        raise ConfigError(f"topic {scheduler.topic} does not exist")
+    if not counts[scheduler.state_topic] or not counts[scheduler.delay_topic]:
+        raise ConfigError(f"the topics of scheduler {scheduler.name} do not exist: no worker of it has run "
+                          "on this cluster")
+    # Where each identity lives: its event's route key says; a bare identity is looked for on
+    # every state partition.
+    wanted: dict[int | None, set[str]] = {}
+    for t in chosen:
+        home = (partition_for_key(route_key(t.event.tenant, t.event.target), partitions)
+                if t.event is not None else None)
+        wanted.setdefault(home, set()).add(t.identity)
+    states: dict[str, tuple[int, ClaimState | None]] = {}
+    out = stream or sys.stderr
+
+    def meter(total: int) -> tqdm[NoReturn]:
+        return progress_bar(total, enabled=progress, stream=out, what="redrive")
+
+    unplaced = wanted.pop(None, set())
+    for p in range(partitions):
+        look = wanted.get(p, set()) | (unplaced - states.keys())
+        if not look:
+            continue
+        found, _read, _end = await scan_states(bootstrap, scheduler.state_topic, p, look, meter)
+        for identity, st in found.items():
+            states[identity] = (p, st)
+    report = RedriveReport(dry_run=dry_run)
+    now = time.time_ns()
+    who = principal or principal_of(bootstrap)
+    records: list[tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]] = []
+    for t in chosen:
+        partition, st = states.get(t.identity, (-1, None))
+        why = _why_refused(st, now, force)
+        if why is not None or st is None:
+            report.refused[why or "nothing_stored"] += 1
+            continue
+        request = RedriveRequest.new(t.identity, st.revision, principal=who, at_ns=now, reason=reason,
+                                     force=force)
+        if t.event is not None:
+            key, value, headers = redrive_record(request, encode_transition(t.event),
+                                                 route_key(t.event.tenant, t.event.target))
+        else:
+            key, value, headers = redrive_record(request, None, None)
+        records.append((partition, key, value, headers))
+        report.requested.append(t.identity)
+    if dry_run or not records:
+        return report
+    producer = clients.producer(bootstrap)
+    await producer.start()
+    try:
+        topic = scheduler.delay_topic
+        sent = [await producer.send(topic, value, key=key, partition=partition, headers=headers)
+                for partition, key, value, headers in records]
+        await asyncio.gather(*sent)  # every request acknowledged (acks=all) before we report it
+    finally:
+        await producer.stop()
+    return report
