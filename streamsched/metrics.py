@@ -111,6 +111,8 @@ _HELP: Final[Mapping[str, str]] = {
     "lease_waits": "items waiting for another owner's claim lease to expire",
     "parked": "items parked on the delay topic",
     "forwarded": "records forwarded to the partition their key maps to",
+    "redriven": "identities reopened by an operator's re-drive",
+    "redrive_refused": "re-drive requests refused by the owner, by kind (changed, live_claim, succeeded, ...)",
     "feedback_dropped": "schedule feedback with no catalog to report to",
     "feedback_rejected": "schedule feedback refused (not an occurrence the ticker fired)",
     "feedback_stale": "schedule feedback for an older version or an unknown schedule",
