@@ -36,6 +36,19 @@ partition's other schedules wait with it) until the target is granted or the sch
 DESCRIBE_CONFIGS (read-only) is there because the ticker verifies its catalog topics' settings
 at start (``Catalog.ensure_topics``); without CREATE it never creates them.
 
+An **operator** of a scheduler (:func:`plan_operator`, ``acl plan --role operator --app MOD:ATTR
+--principal P``): what ``inspect`` and ``redrive`` need, nothing that changes claim state::
+
+    TOPIC  <transition topic>          DESCRIBE               its partition count (home partitions)
+    TOPIC  __streamsched.state.<s>     READ, DESCRIBE         the identities' snapshots
+    TOPIC  __streamsched.audit.<s>     READ, DESCRIBE         the re-drive audit trail
+    TOPIC  __streamsched.dlq.<s>       READ, DESCRIBE         redrive --from-dlq
+    TOPIC  __streamsched.delay.<s>     WRITE, DESCRIBE        re-drive requests (applied by the owner)
+    GROUP  <its group>                 DESCRIBE               the group's committed offsets
+
+A re-drive request is only honoured from the delay topic, which services cannot write, and the
+owner applies it in its own transaction; the operator never writes the state topic.
+
 A **service producer** (:class:`streamsched.Producer`, the outbox relay; :func:`plan_producer`,
 ``acl plan --role producer --topic T``): WRITE, DESCRIBE on each transition topic it produces
 to. Nothing else: no READ, no group, no transactional id.
@@ -163,6 +176,19 @@ def plan_app(app: App, *, principal: str | None = None, scheduler: str | None = 
     return sorted(acls)
 
 
+def plan_operator(s: SchedulerDef, principal: str) -> list[Acl]:
+    """The exact ACLs of an operator who inspects and re-drives scheduler ``s`` (module docs)."""
+    plan = _Plan(principal)
+    add = plan.add
+    add("TOPIC", s.topic, ("DESCRIBE",), "transition topic: partition count (home partitions)")
+    add("TOPIC", s.state_topic, ("READ", "DESCRIBE"), "state topic: the identities' snapshots")
+    add("TOPIC", s.audit_topic, ("READ", "DESCRIBE"), "audit topic: what owners did with re-drives")
+    add("TOPIC", s.dead_letter_topic, ("READ", "DESCRIBE"), "dead-letter topic: redrive --from-dlq")
+    add("TOPIC", s.delay_topic, ("WRITE", "DESCRIBE"), "delay topic: re-drive requests for the owners")
+    add("GROUP", s.group, ("DESCRIBE",), "consumer group: committed offsets (inspect)")
+    return plan.done()
+
+
 def plan_ticker(catalog: str, targets: Iterable[str], principal: str) -> list[Acl]:
     """The exact ACLs of a ticker of ``catalog`` that may fire into ``targets`` (module docs)."""
     targets = sorted(set(targets))
@@ -272,8 +298,9 @@ async def describe(conn: clients.Conn, principal: str | None = None) -> list[Acl
 
 # --- the `streamsched acl` command -------------------------------------------------------------
 
-ROLES = ("scheduler", "ticker", "producer")
-HELP = "print (plan) or create (apply) the least-authority Kafka ACLs of a scheduler, ticker or producer role"
+ROLES = ("scheduler", "ticker", "producer", "operator")
+HELP = ("print (plan) or create (apply) the least-authority Kafka ACLs of a scheduler, ticker, producer "
+        "or operator role")
 
 
 def add_acl_arguments(parser: argparse.ArgumentParser) -> None:
@@ -283,7 +310,8 @@ def add_acl_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["plan", "apply"], help="plan: print the ACLs; apply: create them")
     parser.add_argument("--role", choices=ROLES, default="scheduler",
                         help="scheduler: an app's workers (default); ticker: the ticker of --catalog, "
-                             "firing into --target; producer: a service producing to --topic")
+                             "firing into --target; producer: a service producing to --topic; "
+                             "operator: inspect and redrive an app's schedulers")
     parser.add_argument("--app", default=None,
                         help="MODULE:ATTR of a streamsched.App. scheduler role: its schedulers' roles "
                              "(required); ticker/producer role: also may write its schedulers' topics")
@@ -306,7 +334,8 @@ def add_acl_arguments(parser: argparse.ArgumentParser) -> None:
 def plan_from_args(args: argparse.Namespace) -> list[Acl]:
     """The plan ``acl`` arguments ask for (a :class:`ConfigError` names a flag that does not fit)."""
     role = getattr(args, "role", "scheduler")
-    misplaced = {"scheduler": ("target", "topic"), "ticker": ("topic",), "producer": ("target", "catalog")}
+    misplaced = {"scheduler": ("target", "topic"), "ticker": ("topic",), "producer": ("target", "catalog"),
+                 "operator": ("target", "topic", "catalog")}
     for name in misplaced[role]:
         if getattr(args, name, None):
             raise ConfigError(f"--{name} does not apply to --role {role}")
@@ -323,6 +352,11 @@ def plan_from_args(args: argparse.Namespace) -> list[Acl]:
         return plan_app(app, principal=args.principal, scheduler=args.scheduler, catalogs=args.catalog or ())
     if not args.principal:
         raise ConfigError(f"--role {role} needs --principal User:NAME")
+    if role == "operator":
+        if app is None:
+            raise ConfigError("--role operator needs --app MODULE:ATTR")
+        return sorted({a for sched in app.select(args.scheduler)
+                       for a in plan_operator(sched, args.principal)})
     topics = set(args.target or args.topic or ())
     if app is not None:
         topics |= {s.topic for s in app.select(args.scheduler)}

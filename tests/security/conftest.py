@@ -15,10 +15,10 @@ import pytest
 from streamsched.ops.broker import LocalCluster
 from streamsched.ops.broker_security import BrokerSecurity
 
-USERS = ("pipelines", "due_runs", "reports", "other", "intruder", "ticker", "service")
+USERS = ("pipelines", "due_runs", "reports", "other", "intruder", "ticker", "service", "operator")
 """pipelines, due_runs, reports: the reference workflows' roles; other: another scheduler;
 intruder: a principal with no ACL at all; ticker: a schedule ticker's role; service: a service
-producer's role."""
+producer's role; operator: who inspects and re-drives a scheduler."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
