@@ -22,6 +22,11 @@ the status port and must never carry data:
 Anything outside the vocabulary or past a bound is dropped and counted in
 ``streamsched_metrics_dropped_total{reason=...}``; it never raises into the caller's turn. The
 latest error is kept as its type and kind only: messages may carry payload fragments.
+
+Every name the package updates is declared once in :data:`METRICS` (type, labels, HELP text).
+The declaration does not gate updates (an undeclared name is served with a generic HELP line);
+tests hold the code, docs/metrics.md (:func:`reference_markdown`), the Grafana dashboard and the
+alert rules in deploy/ to it.
 """
 
 from __future__ import annotations

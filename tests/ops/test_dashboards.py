@@ -20,7 +20,7 @@ import yaml
 from prom_text import parse_prometheus
 
 from streamsched.kafka.admin import TopicSpec, apply
-from streamsched.metrics import METRICS, Declared
+from streamsched.metrics import METRICS, Declared, Metrics
 from streamsched.ops.status import StatusServer
 from streamsched.schedules.catalog import Catalog
 from streamsched.schedules.ticker import Ticker, TickerConfig
@@ -218,3 +218,21 @@ async def test_dashboard_and_rules_use_only_served_or_declared_metrics(
                        ("alert rules", names([r["expr"] for r in rules()]))]:
         unknown = used - served - set(SAMPLES)
         assert not unknown, f"the {what} use metrics neither served nor declared: {sorted(unknown)}"
+
+
+async def test_metrics_page_serves_readiness_as_the_ready_gauge() -> None:
+    """What /readyz answers, as a gauge an alert can watch: set on every scrape, per scheduler."""
+    ready = False
+    a, b = Metrics("a"), Metrics("b")
+    async with (StatusServer([a, b], port=0, ready=lambda: ready) as server,
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s):
+
+        async def scrape() -> dict[str, float]:
+            async with s.get(server.url + "/metrics") as resp:
+                fam = parse_prometheus(await resp.text())["streamsched_ready"]
+            assert fam["type"] == "gauge"
+            return {x[1]["scheduler"]: float(x[2]) for x in fam["samples"]}
+
+        assert await scrape() == {"a": 0.0, "b": 0.0}
+        ready = True
+        assert await scrape() == {"a": 1.0, "b": 1.0}
