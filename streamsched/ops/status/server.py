@@ -6,7 +6,8 @@ Endpoints (``GET``/``HEAD`` only; other methods get 405, other paths 404):
 * ``/status``  -> redacted JSON ``{"schedulers": [...], "pid", "uptime_s", "ready"}`` (:mod:`.redact`)
 * ``/healthz`` -> liveness: ``200 ok`` while the event loop answers
 * ``/readyz``  -> readiness: ``200 ready`` when ``ready()`` says so (the service's assigned
-  partitions are restored and not fenced), else ``503 not ready``
+  partitions are restored and not fenced), else ``503 not ready`` (also served in ``/metrics`` as
+  the ``ready`` gauge, 1 or 0)
 
 Why aiohttp: it is already how the ecosystem serves HTTP from an asyncio process, its parser
 (llhttp) is strict and fuzzed, and it replaced about 250 lines of hand-written HTTP/1.1 server
@@ -190,6 +191,11 @@ class StatusServer:
     # ------------------------------------------------------------------------------- handlers
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        # Readiness as a gauge too, so an alert can see a process stuck not ready: computed here,
+        # as /readyz computes it, because a scrape is when its value is read.
+        ready = 1.0 if self.is_ready() else 0.0
+        for m in list(self.metrics):
+            m.set_gauge("ready", ready)
         return web.Response(body=render_prometheus(self.metrics), headers={"Content-Type": CONTENT_TYPE})
 
     async def _status(self, request: web.Request) -> web.Response:
