@@ -348,14 +348,27 @@ async def described_partition_counts(admin: Any, topics: list[str]) -> dict[str,
             if d.get("topic") in topics and d.get("error_code", 0) == 0}
 
 
+TOPIC_AUTHORIZATION_FAILED = 29
+"""Kafka's error code of a topic the principal may not describe (metadata hides it)."""
+
+
 async def partition_counts(bootstrap: clients.Conn, topics: Iterable[str], *,
-                           missing_ok: bool = False) -> dict[str, int]:
+                           missing_ok: bool = False, authorized: bool = False) -> dict[str, int]:
     """How many partitions each of ``topics`` has, with one admin client and one request; a
-    missing topic is a ConfigError (0 with ``missing_ok``)."""
+    missing topic is a ConfigError (0 with ``missing_ok``). ``authorized``: a topic the principal
+    may not describe raises aiokafka's ``TopicAuthorizationFailedError`` instead of looking
+    missing (an operator's command then says why it cannot go on)."""
     wanted = list(dict.fromkeys(topics))
     admin = clients.admin(bootstrap)
     await admin.start()
     try:
+        if authorized:
+            described = await admin.describe_topics(wanted)
+            refused = [d.get("topic") for d in described if d.get("error_code") == TOPIC_AUTHORIZATION_FAILED]
+            if refused:
+                from aiokafka.errors import TopicAuthorizationFailedError
+
+                raise TopicAuthorizationFailedError(", ".join(sorted(str(t) for t in refused)))
         counts = await described_partition_counts(admin, wanted)
     finally:
         await admin.close()

@@ -171,7 +171,8 @@ async def inspect_identity(bootstrap: clients.Conn, scheduler: SchedulerDef, *,
         raise ConfigError("inspect needs exactly one of --event and --identity")
     if identity is not None:
         identity = _check_identity(identity)  # before anything is asked of the cluster
-    counts = await partition_counts(bootstrap, [scheduler.topic, scheduler.state_topic], missing_ok=True)
+    counts = await partition_counts(bootstrap, [scheduler.topic, scheduler.state_topic], missing_ok=True,
+                                    authorized=True)
     partitions = counts[scheduler.topic]
     if not partitions:
         raise ConfigError(f"topic {scheduler.topic} does not exist")

@@ -132,7 +132,7 @@ async def redrive(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Ite
     for t in chosen:
         _check_identity(t.identity)
     topics = [scheduler.topic, scheduler.state_topic, scheduler.delay_topic]
-    counts = await partition_counts(bootstrap, topics, missing_ok=True)
+    counts = await partition_counts(bootstrap, topics, missing_ok=True, authorized=True)
     partitions = counts[scheduler.topic]
     if not partitions:
         raise ConfigError(f"topic {scheduler.topic} does not exist")
