@@ -20,10 +20,10 @@ from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.clients import Connection
 from streamsched.ops import acl
 from streamsched.ops.broker import LocalCluster
-from streamsched.ops.cli import load_app
 from streamsched.ops.inspect import inspect_identity
 from streamsched.testing import ROOT, WorkerProcess, make_event, produce_events, wait_for
 from streamsched.worker.app import SchedulerDef
+from tests.security.operator_app import make_app
 from tests.security.role_support import cli
 
 APP_REF = "tests.security.operator_app:app"
@@ -55,10 +55,7 @@ async def rig(secure: LocalCluster, tmp_path_factory: pytest.TempPathFactory) ->
     env = {"OPERATOR_SCHED": f"op_{ns}", "OPERATOR_TOPIC": f"op-{ns}",
            "OPERATOR_RUNS_FILE": str(work / "runs"), "OPERATOR_FAIL_FILE": str(work / "bug")}
     (work / "bug").write_text("present")
-    import os
-
-    os.environ.update(env)  # the app's names, as the worker process and the CLI see them
-    sched = load_app(APP_REF).one()
+    sched = make_app(env["OPERATOR_SCHED"], env["OPERATOR_TOPIC"]).one()  # as the processes build it
     admin = secure.connection()
     await apply(admin, [TopicSpec(sched.topic, PARTITIONS, 1, "transition"),
                         *sched.internal_topics(PARTITIONS, 1)])
