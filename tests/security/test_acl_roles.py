@@ -40,7 +40,9 @@ def test_the_plan_is_exactly_what_the_role_needs() -> None:
         ("TOPIC", "LITERAL", f"__streamsched.{kind}.{reference.NAME}", op)
         for kind in ("state", "delay") for op in ("READ", "WRITE", "DESCRIBE")
     } | {
-        ("TOPIC", "LITERAL", topic, op) for topic in (f"__streamsched.dlq.{reference.NAME}", reference.EVENTS)
+        ("TOPIC", "LITERAL", topic, op)
+        for topic in (f"__streamsched.dlq.{reference.NAME}", f"__streamsched.audit.{reference.NAME}",
+                      reference.EVENTS)
         for op in ("WRITE", "DESCRIBE")
     } | {
         ("GROUP", "LITERAL", f"streamsched.{reference.NAME}", "READ"),
