@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamsched import App, CommandContext, Selection, Turn, external_command
+from streamsched import App, CommandContext, Emit, Selection, Turn, external_command, kafka_command
 from streamsched.model.claims import ClaimStatus, OutcomeKind
 from streamsched.model.identity import route_key
 from streamsched.model.retry import Terminal
@@ -162,3 +162,33 @@ async def test_a_malformed_control_record_is_a_dead_letter(headers: list[tuple[s
         t.kafka.produce(s.delay_topic, None, key=b"k", partition=0, headers=[*headers, ("ss-due-ns", b"0")])
         await t.settle()
         assert [d.kind for d in t.dead_letters()] == ["decode"] and flaky.runs == {}
+
+
+async def test_a_redrive_on_the_kafka_native_shape_reopens_and_runs_in_one_transaction() -> None:
+    runs: list[int] = []
+    broken = {"on": True}
+    app = App("native_redrive")
+
+    @kafka_command(outputs=["shipments"])
+    def ship(ctx: CommandContext, *, order: str) -> list[Emit]:
+        runs.append(ctx.fence)
+        if broken["on"]:
+            raise Terminal("bug")
+        return [Emit.json("shipments", {"order": order})]
+
+    @app.scheduler(name="ships", topic="orders", selection=Selection("due", type="due"), commands=[ship])
+    async def handle(turn: Turn) -> None:
+        await turn.commands.ship(order=turn.event.target[0])
+
+    async with TestApp(app) as t:
+        t.ensure_topic("shipments")
+        [ev] = await t.emit(type="due", tenant="acme", target=["o-1"])
+        failed = t.outcome(ev)
+        assert failed is not None and failed.kind is OutcomeKind.FAILED and t.emitted("shipments") == []
+        broken["on"] = False
+        await t.redrive(ev, reason="fixed")
+        done = t.outcome(ev)
+        assert done is not None and done.kind is OutcomeKind.SUCCEEDED
+        assert len(runs) == 2 and runs[1] > runs[0]
+        assert len(t.emitted("shipments")) == 1
+        assert [e.result for e in t.audit(ev)] == ["reopened"]
