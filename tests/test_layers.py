@@ -18,11 +18,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "streamsched"
 
-CROSS = {"errors", "metrics", "failpoints"}
+CROSS = {"errors", "metrics", "failpoints", "logs"}
 ALLOWED: dict[str, set[str]] = {
     "model": {"model", "errors"},
     "wire": {"model", "wire", "errors"},
-    "kafka": {"model", "wire", "kafka", "errors", "metrics"},
+    "kafka": {"model", "wire", "kafka", "errors", "metrics", "logs"},
     "worker": {"model", "wire", "kafka", "worker"} | CROSS,
     "schedules": {"model", "wire", "kafka", "schedules"} | CROSS,
     "outbox": {"model", "wire", "kafka", "outbox"} | CROSS,
@@ -34,6 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "metrics": {"errors"},
     "failpoints": {"errors"},
+    "logs": {"errors"},
 }
 NO_KAFKA_CLIENT = {"model", "wire"}
 

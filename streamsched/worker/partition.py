@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from streamsched.kafka.owner import PartitionOwner
 from streamsched.kafka.protocols import ConsumerRecord, PartitionKey
+from streamsched.logs import log_context
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.turn import TurnRunner
 
@@ -47,12 +48,14 @@ class PartitionRunner:
 
     async def run(self) -> None:
         """Turns until the owner stops, then resolve and commit everything in hand."""
-        try:
-            await self._turns()
-            await self.turns.drain()
-        except BaseException:
-            self.turns.abandon()  # no execution outlives its owner (a failure, a hard stop)
-            raise
+        # Every line logged by this partition's turns and executions names it (streamsched.logs).
+        with log_context(scheduler=self.scheduler.name, partition=self.partition):
+            try:
+                await self._turns()
+                await self.turns.drain()
+            except BaseException:
+                self.turns.abandon()  # no execution outlives its owner (a failure, a hard stop)
+                raise
 
     async def _turns(self) -> None:
         s, turns = self.scheduler, self.turns

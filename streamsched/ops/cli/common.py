@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import signal
 import sys
@@ -95,8 +94,10 @@ def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> int:
 
 
 def configure_logging() -> None:
-    logging.basicConfig(level=os.environ.get("STREAMSCHED_LOG", "WARNING"),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    """``STREAMSCHED_LOG`` (level) and ``STREAMSCHED_LOG_FORMAT`` (text or json): :mod:`streamsched.logs`."""
+    from streamsched import logs
+
+    logs.configure()
 
 
 async def serve_status(stack: contextlib.AsyncExitStack, args: argparse.Namespace, metrics: list[Any],

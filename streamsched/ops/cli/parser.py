@@ -49,7 +49,10 @@ environment (besides the flags' own):
                                   often offsets ride a transaction (seconds, 0.1)
   STREAMSCHED_STORE_CACHE_BYTES   with --store-dir: bytes of decoded claims cached in memory per
                                   worker (default 4194304; RocksDB's own cache is separate)
-  STREAMSCHED_LOG                 log level (default WARNING; DEBUG also prints tracebacks)
+  STREAMSCHED_LOG                 log level: debug, info, warning (default), error; DEBUG also
+                                  prints tracebacks
+  STREAMSCHED_LOG_FORMAT          text (default) or json: one JSON object per line, with the
+                                  scheduler, partition, identity digest, offset and fence
 
 The first SIGTERM or SIGINT drains, commits and leaves the group (exit 0); a second stops at once.
 """
