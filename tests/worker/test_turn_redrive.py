@@ -3,7 +3,7 @@
 An operator's request travels as a control record on the scheduler's delay topic, in the
 identity's home partition; the owner applies it in a transaction of that partition. These run the
 production turn on the in-memory Kafka (both transaction shapes); the real-broker path is in
-tests/ops/test_redrive.py.
+tests/ops/test_redrive.py (the CLI).
 """
 
 from __future__ import annotations
