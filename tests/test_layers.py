@@ -18,11 +18,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "streamsched"
 
-CROSS = {"errors", "metrics", "failpoints", "logs"}
+CROSS = {"errors", "metrics", "failpoints", "logs", "tracing"}
 ALLOWED: dict[str, set[str]] = {
     "model": {"model", "errors"},
     "wire": {"model", "wire", "errors"},
-    "kafka": {"model", "wire", "kafka", "errors", "metrics", "logs"},
+    "kafka": {"model", "wire", "kafka", "errors", "metrics", "logs", "tracing"},
     "worker": {"model", "wire", "kafka", "worker"} | CROSS,
     "schedules": {"model", "wire", "kafka", "schedules"} | CROSS,
     "outbox": {"model", "wire", "kafka", "outbox"} | CROSS,
@@ -35,6 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     "metrics": {"errors"},
     "failpoints": {"errors"},
     "logs": {"errors"},
+    "tracing": {"errors"},
 }
 NO_KAFKA_CLIENT = {"model", "wire"}
 

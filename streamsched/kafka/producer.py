@@ -17,6 +17,9 @@ depend on client configuration (librdkafka clients default to CRC32; see docs/wi
 Each topic's partition count is looked up once per producer and cached: the scheduler caches it
 too, and adding partitions to a transition topic remaps identities in any case (never do it).
 
+Each record carries the caller's trace (W3C ``traceparent``) when an OpenTelemetry SDK is
+configured (:mod:`streamsched.tracing`); without one, no header is written.
+
 Validation happens before anything is produced: an event the worker would dead-letter raises
 :class:`~streamsched.errors.DecodeError` (reason ``"encode: ..."``), a tenant or target outside the
 identity bounds raises :class:`~streamsched.errors.BoundExceeded` or
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from streamsched import tracing
 from streamsched.errors import DecodeError, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.protocols import Producer as KafkaProducer
@@ -150,7 +154,8 @@ class Producer:
         validate_name(topic, "topic")
         key, value = encode_event(event)
         partition = partition_for_key(key, await self.partition_count(topic))
-        md = await (await producer.send(topic, value, key=key, partition=partition))
+        headers = tracing.inject()  # the caller's trace, if an OpenTelemetry SDK records one
+        md = await (await producer.send(topic, value, key=key, partition=partition, headers=headers))
         return RecordMetadata(md.topic, md.partition, md.offset, md.timestamp)
 
     async def send_many(self, topic: str, events: Iterable[TransitionEvent]) -> list[RecordMetadata]:
@@ -167,6 +172,7 @@ class Producer:
         if not encoded:
             return []
         n = await self.partition_count(topic)
+        headers = tracing.inject()
         by_partition: dict[int, list[int]] = {}
         for i, (key, _) in enumerate(encoded):
             by_partition.setdefault(partition_for_key(key, n), []).append(i)
@@ -181,12 +187,12 @@ class Producer:
                     members: Members = []
                     for i in indices:
                         key, value = encoded[i]
-                        meta = batch.append(key=key, value=value, timestamp=None, headers=[])
+                        meta = batch.append(key=key, value=value, timestamp=None, headers=headers)
                         if meta is None:  # full: submit it and start the next (a first record always fits)
                             submitted.append((await producer.send_batch(batch, topic, partition=partition),
                                               members))
                             batch, members = producer.create_batch(), []
-                            meta = batch.append(key=key, value=value, timestamp=None, headers=[])
+                            meta = batch.append(key=key, value=value, timestamp=None, headers=headers)
                             if meta is None:  # aiokafka always fits a first record: not reached
                                 raise ValueError(f"a record for {topic} does not fit an empty batch")
                         members.append((i, meta.offset, meta.timestamp))
