@@ -48,7 +48,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
 
-from streamsched import failpoints
+from streamsched import failpoints, tracing
 from streamsched.errors import ConfigError
 from streamsched.kafka.clients import Conn
 from streamsched.kafka.producer import encode_event
@@ -128,7 +128,9 @@ class Outbox:
         """
         validate_name(topic, "topic")
         key, value = encode_event(event)  # the Producer's own validation, byte for byte
-        return sql.insert(conn, self.table, topic, event.event_id, key, value)
+        # The service's trace (if an OpenTelemetry SDK records one) travels with the intent.
+        traceparent = next((v.decode("ascii") for k, v in tracing.inject() if k == "traceparent"), None)
+        return sql.insert(conn, self.table, topic, event.event_id, key, value, traceparent)
 
     # --------------------------------------------------------------------------- relay side
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from types import TracebackType
 
+from opentelemetry.trace import SpanKind
+
+from streamsched import tracing
 from streamsched.kafka.clients import Conn
 from streamsched.kafka.producer import Producer, RecordMetadata
 from streamsched.outbox.sql import Intent
@@ -32,4 +35,10 @@ class KafkaDelivery:
         await self._producer.stop()
 
     async def __call__(self, intent: Intent) -> RecordMetadata:
-        return await self._producer.send(intent.topic, decode_transition(intent.value))
+        # The send continues the trace the service enqueued under (streamsched.tracing).
+        carried = [("traceparent", intent.traceparent.encode())] if intent.traceparent else []
+        attributes: dict[str, str | int] = {"messaging.destination.name": intent.topic,
+                                            "streamsched.attempt": intent.attempt}
+        with tracing.span("streamsched.outbox.relay", parent=tracing.extract(carried) if carried else None,
+                          kind=SpanKind.PRODUCER, attributes=attributes):
+            return await self._producer.send(intent.topic, decode_transition(intent.value))

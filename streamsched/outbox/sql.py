@@ -19,6 +19,9 @@ lease_until_ns lease expiry (NULL when not leased)
 dead_at_ns     when it was given up (NULL while live); dead intents are never claimed
 last_error_kind the normalized cause of the latest failure (a kind such as ``transport``, never a
                message, which could carry payload)
+traceparent    the W3C trace context of the service's span when it enqueued (NULL without an
+               OpenTelemetry SDK): the relay's send continues that trace. Added to an older
+               table by :func:`create_schema`
 ============== ==================================================================================
 
 A delivered intent is **deleted** on ack: the topic is the durable record of what was
@@ -52,7 +55,7 @@ TABLE = re.compile(r"[a-z_][a-z0-9_]{0,47}", re.ASCII)
 
 _PG_NOW = "(extract(epoch from clock_timestamp()) * 1000000000)::bigint"
 _COLUMNS = ("id, topic, event_id, key, value, created_ns, attempts, lease_owner, lease_until_ns, "
-            "last_error_kind")
+            "last_error_kind, traceparent")
 
 
 def check_table(table: str) -> str:
@@ -80,6 +83,8 @@ class Intent:
     lease_owner: str
     lease_until_ns: int
     last_error_kind: str | None = None
+    traceparent: str | None = None
+    """The trace the intent was enqueued under (see the table's columns)."""
 
     @property
     def idempotency_key(self) -> str:
@@ -229,19 +234,29 @@ def create_schema(conn: DbConnection, table: str) -> None:
         lease_owner TEXT,
         lease_until_ns BIGINT,
         dead_at_ns BIGINT,
-        last_error_kind TEXT)""")
+        last_error_kind TEXT,
+        traceparent TEXT)""")
+    # A table made before traces were kept gets the column (NULL for its rows).
+    if d is SQLITE:
+        present = {str(row[1]) for row in conn.execute(f"PRAGMA table_info({t})").fetchall()}
+        if "traceparent" not in present:
+            conn.execute(f"ALTER TABLE {t} ADD COLUMN traceparent TEXT")
+    else:
+        conn.execute(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS traceparent TEXT")
     # The claim reads live rows in due order: a partial index keeps the dead out of its way.
     conn.execute(f"CREATE INDEX IF NOT EXISTS {t}_due ON {t} (due_ns, id) WHERE dead_at_ns IS NULL")
 
 
-def insert(conn: DbConnection, table: str, topic: str, event_id: str, key: bytes, value: bytes) -> int:
+def insert(conn: DbConnection, table: str, topic: str, event_id: str, key: bytes, value: bytes,
+           traceparent: str | None = None) -> int:
     """Insert one intent, due now, in the caller's transaction; its id."""
     d = dialect_of(conn)
     now_sql, now_params = d.insert_now(time.time_ns())
-    sql = (f"INSERT INTO {check_table(table)} (topic, event_id, key, value, created_ns, due_ns) "
-           f"VALUES (?, ?, ?, ?, {now_sql}, {now_sql}) RETURNING id")
+    sql = (f"INSERT INTO {check_table(table)} (topic, event_id, key, value, created_ns, due_ns, traceparent) "
+           f"VALUES (?, ?, ?, ?, {now_sql}, {now_sql}, ?) RETURNING id")
     # fetchall, not fetchone: a RETURNING statement left unfinished could block the caller's commit.
-    rows = conn.execute(d.q(sql), [topic, event_id, key, value, *now_params, *now_params]).fetchall()
+    params = [topic, event_id, key, value, *now_params, *now_params, traceparent]
+    rows = conn.execute(d.q(sql), params).fetchall()
     return int(rows[0][0])
 
 
@@ -273,7 +288,8 @@ def claim(conn: DbConnection, d: Dialect, table: str, owner: str, limit: int, le
 def _intent(row: Sequence[Any]) -> Intent:
     return Intent(id=int(row[0]), topic=str(row[1]), event_id=str(row[2]), key=bytes(row[3]),
                   value=bytes(row[4]), created_ns=int(row[5]), attempt=int(row[6]),
-                  lease_owner=str(row[7]), lease_until_ns=int(row[8]), last_error_kind=row[9])
+                  lease_owner=str(row[7]), lease_until_ns=int(row[8]), last_error_kind=row[9],
+                  traceparent=row[10])
 
 
 def ack(conn: DbConnection, d: Dialect, table: str, ids: Sequence[int]) -> int:
