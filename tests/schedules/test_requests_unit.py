@@ -133,7 +133,8 @@ async def test_a_manual_run_of_a_one_time_job_does_not_end_it() -> None:
     request(rig, trigger(manual_at, name="once"))
     await pt._tick()
     assert [ev.due_ns for ev in rig.fired()] == [manual_at]
-    feedback(rig, HistoryRow("once.v1", f"once.v1/{manual_at}", manual_at, 1, "SUCCEEDED", manual_at + S), "once")
+    done = HistoryRow("once.v1", f"once.v1/{manual_at}", manual_at, 1, "SUCCEEDED", manual_at + S)
+    feedback(rig, done, "once")
     await pt._tick()
     st = rig.durable_state("once")
     assert (st.status, st.next_planned_ns) == (ScheduleStatus.ACTIVE, at)  # still due at its instant
@@ -161,7 +162,8 @@ async def test_a_backfill_fires_the_scheduled_identities_of_its_window_up_to_the
     assert len(rig.fired()) == 9
 
 
-async def test_a_backfill_stops_at_its_max_and_splits_over_transactions(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_backfill_stops_at_its_max_and_splits_over_transactions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tick, "MAX_FIRES_PER_TXN", 4)
     rig = Rig()
     pt = await started(rig, minutes=3)
