@@ -13,7 +13,10 @@ knows a manual occurrence's feedback is for an occurrence it fired (:meth:`Reque
 
 A backfill larger than one transaction's share continues in the next ticks (``done_to``, in
 memory). A restart in the middle fires it again from its start: the occurrences it fired
-before have the same identities, so target workers resolve them from their stored outcome.
+before have the same identities, so target workers resolve them from their stored outcome. The
+same holds for a request applied after one that still waits (its schedule's target cannot be
+written now, :mod:`streamsched.schedules.targets`): the committed offset stops at the waiting
+one, so a restart applies the later ones again, with the same identities.
 """
 
 from __future__ import annotations

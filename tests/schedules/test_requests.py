@@ -14,6 +14,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -108,6 +109,26 @@ async def test_a_request_made_while_no_ticker_runs_fires_once_across_restarts(ca
     assert await occurrences(catalog.bootstrap, target) == [manual_id]
 
 
+async def test_applied_requests_are_cleaned_up_by_the_next_write_and_by_rm(
+        catalog: Catalog, make_topic, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamsched.schedules import catalog as catalog_module
+
+    target = await make_topic("occ")
+    clock = Clock(1_800_000_000 * S)
+    await catalog.schedule("job", "@every 1h", target)
+    monkeypatch.setattr(catalog_module, "KEEP_REQUESTS", 0)
+    async with ticking(catalog, clock):
+        await until(lambda: _state(catalog), "state")
+        first = await catalog.trigger("job", at_ns=clock.now + 5 * S)
+        await until(lambda: _fired(catalog.bootstrap, target, first.occurrences[0]), "first fired")
+        await until(lambda: _applied(catalog), "the applied offset moved past it")
+        second = await catalog.trigger("job", at_ns=clock.now + 6 * S)
+        assert await _request_ids(catalog) == {second.request_id}  # the applied one is deleted
+        await until(lambda: _fired(catalog.bootstrap, target, second.occurrences[0]), "second fired")
+    assert await catalog.unschedule("job")
+    assert await _request_ids(catalog) == set()
+
+
 async def test_backfill_bounds_and_dry_run(catalog: Catalog, make_topic) -> None:
     target = await make_topic("occ")
     await catalog.schedule("minutely", "@every 1m", target)
@@ -145,6 +166,17 @@ async def _state(catalog: Catalog) -> bool:
 
 async def _fired(bootstrap: str, topic: str, event_id: str) -> bool:
     return event_id in await occurrences(bootstrap, topic)
+
+
+async def _request_ids(catalog: Catalog) -> set[str]:
+    requests: dict[str, Any] = {}
+    await catalog._latest(catalog.definitions_topic, lambda v: v, requests)
+    return {r.request.request_id for r in requests.values()}
+
+
+async def _applied(catalog: Catalog) -> bool:
+    offsets = await catalog._applied_offsets(set(range(catalog.partitions)))
+    return sum(offsets.values()) >= 2  # the definition and the request
 
 
 async def _history_has(catalog: Catalog, occurrence: str, state: str) -> bool:
