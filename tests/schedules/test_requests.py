@@ -98,8 +98,15 @@ async def test_a_request_made_while_no_ticker_runs_fires_once_across_restarts(ca
     await catalog.schedule("job", "@every 1h", target)
     async with ticking(catalog, clock):
         await until(lambda: _state(catalog), "state")
-    receipt = await catalog.trigger("job", at_ns=clock.now + 5 * S)  # no ticker runs now
-    [manual_id] = receipt.occurrences
+    # No ticker runs now; the command line's receipt names the occurrence.
+    proc = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "streamsched", "schedule", "trigger", "job",
+                         "--catalog", catalog.name, "--partitions", "2", "--bootstrap", catalog.bootstrap],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    receipt = json.loads(proc.stdout)
+    assert (receipt["trigger"], receipt["count"], receipt["schedule_id"]) == (True, 1, "job.v1")
+    [manual_id] = receipt["occurrences"]
     async with ticking(catalog, clock):
         await until(lambda: _fired(catalog.bootstrap, target, manual_id), "the trigger fired")
     async with ticking(catalog, clock):  # restored: the request is applied, not pending
