@@ -89,6 +89,17 @@ async def test_trigger_and_backfill_run_each_identity_once(catalog: Catalog, mak
     rows = await catalog.history("job")
     tags = Counter(r.manual for r in rows if r.state == "RUNNING")
     assert tags == {None: 2, "trigger": 1, "backfill": 6}
+    proc = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "streamsched", "schedule", "history", "job",
+                         "--catalog", catalog.name, "--partitions", "2", "--bootstrap", catalog.bootstrap],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.splitlines()
+    # Manual RUNNING rows are tagged, and so is the trigger's result row (its identity is its own).
+    assert next(line for line in lines if manual_id in line and "SUCCEEDED" in line).endswith("[trigger]")
+    assert sum(line.endswith("[backfill]") for line in lines) == 6
+    assert sum(line.endswith("[trigger]") for line in lines) == 2
+    running_6 = [line for line in lines if occ[6] in line and "RUNNING" in line]
+    assert [line.endswith("RUNNING") for line in running_6] == [True, False]  # the scheduled run, untagged
 
 
 async def test_a_request_made_while_no_ticker_runs_fires_once_across_restarts(catalog: Catalog,

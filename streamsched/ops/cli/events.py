@@ -128,11 +128,13 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             rows = await catalog.history(args.name)
             if rows.skipped_corrupt:
                 print(f"{rows.skipped_corrupt} unreadable records skipped", file=sys.stderr)
-            # Every row of an occurrence an operator asked for shows which request it was.
-            manual = {r.occurrence: r.manual for r in rows if r.manual}
+            # A manual run's RUNNING row says which request it was; a trigger's occurrence is its
+            # own, so its result rows say so too (a backfilled one shares the scheduled identity).
+            triggered = {r.occurrence for r in rows if r.manual == "trigger"}
             for r in rows:
                 cause = f" {r.cause_kind}/{r.cause_category}" if r.cause_kind and not r.manual else ""
-                tag = f"  [{manual[r.occurrence]}]" if r.occurrence in manual else ""
+                kind = r.manual or ("trigger" if r.occurrence in triggered else None)
+                tag = f"  [{kind}]" if kind else ""
                 print(f"{_fmt_ns(r.at_ns)}  {r.occurrence:<40} attempt {r.attempt}  {r.state}{cause}{tag}")
             return 0
         if args.action == "trigger":
