@@ -33,9 +33,8 @@ import builtins
 import functools
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from streamsched.errors import BoundExceeded, ConfigError, DecodeError, InvalidSpec, StreamschedError
@@ -48,7 +47,6 @@ from streamsched.model.limits import MAX_HISTORY_ROWS, MAX_PAYLOAD_BYTES
 from streamsched.model.names import internal_topic, validate_name
 from streamsched.model.schedule import (
     DEFAULT_BACKFILL_MAX,
-    MAX_BACKFILL,
     Definition,
     HistoryRow,
     Policy,
@@ -56,7 +54,8 @@ from streamsched.model.schedule import (
     ScheduleInfo,
     State,
 )
-from streamsched.model.specs import At, parse_spec
+from streamsched.model.specs import parse_spec
+from streamsched.schedules import manual
 from streamsched.wire.schedule import (
     DEFINITION_CODEC,
     HISTORY_CODEC,
@@ -112,44 +111,6 @@ class _Skips:
             log.warning("%d unreadable records skipped in %s (first at partition %d offset %d)",
                         self.count, self.topic, *self.first)
         return self.count
-
-
-KEEP_REQUESTS = 16
-"""Applied requests kept per schedule (the ticker trusts feedback for the triggers among them);
-older ones are deleted by the next request's write."""
-
-
-class BackfillTooLarge(BoundExceeded):
-    """A backfill window holds more occurrences than the request may ask for (``--max``)."""
-
-    def __init__(self, name: str, count: int, limit: int) -> None:
-        super().__init__("backfill occurrences", limit, count)
-        self.args = (f"the backfill of {name!r} covers {count} occurrences, more than its max {limit}: "
-                     f"narrow the window or raise --max (at most {MAX_BACKFILL})",)
-
-
-@dataclass(frozen=True)
-class Receipt:
-    """What a trigger or backfill asked for: the request id and the occurrences it names."""
-
-    name: str
-    schedule_id: str
-    kind: str
-    request_id: str | None
-    """None for a dry run (nothing was written)."""
-    occurrences: list[str] = field(default_factory=list)
-    count: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "schedule_id": self.schedule_id, self.kind: True,
-                "request": self.request_id, "count": self.count, "occurrences": self.occurrences}
-
-
-@dataclass(frozen=True)
-class _Stored:
-    partition: int
-    offset: int
-    request: Request
 
 
 def _definition(value: bytes) -> Definition:
@@ -221,7 +182,7 @@ class Catalog:
     # --- reads ----------------------------------------------------------------------------------
 
     async def _latest(self, topic: str, decode: Callable[[bytes], _V],
-                      requests: dict[str, _Stored] | None = None) -> Latest[_V]:
+                      requests: dict[str, manual.Stored] | None = None) -> Latest[_V]:
         """The latest readable record per key of a compacted topic (tombstones delete); request
         records of the definitions topic go to ``requests`` (or are passed over)."""
         out: Latest[_V] = Latest()
@@ -235,7 +196,8 @@ class Catalog:
                     if rec.value is None:
                         requests.pop(key, None)
                     else:
-                        requests[key] = _Stored(rec.partition, rec.offset, decode_request(key, rec.value))
+                        req = decode_request(key, rec.value)
+                        requests[key] = manual.Stored(rec.partition, rec.offset, req)
                     continue
                 if rec.value is None:
                     out.pop(key, None)
@@ -347,7 +309,7 @@ class Catalog:
     async def unschedule(self, name: str) -> bool:
         """Delete ``name`` and its requests; True if it existed. Its ticker stops firing it."""
         validate_name(name, "schedule")
-        requests: dict[str, _Stored] = {}
+        requests: dict[str, manual.Stored] = {}
         if name not in await self._latest(self.definitions_topic, _definition, requests):
             return False
         doomed = [name] + [k for k, r in requests.items() if r.request.name == name]
@@ -356,48 +318,31 @@ class Catalog:
 
     # --- requests (applied by the schedule's ticker) ----------------------------------------------
 
-    async def trigger(self, name: str, *, at_ns: int | None = None) -> Receipt:
+    async def trigger(self, name: str, *, at_ns: int | None = None) -> manual.Receipt:
         """Run ``name`` once now, as the occurrence ``<schedule-id>/<at_ns>`` (default: now; moved
         by 1 ns if it is a boundary of the spec, so it never is a scheduled occurrence)."""
         validate_name(name, "schedule")
-        requests: dict[str, _Stored] = {}
+        requests: dict[str, manual.Stored] = {}
         defs = await self._latest(self.definitions_topic, _definition, requests)
-        defn = self._existing(defs, name)
-        at = time.time_ns() if at_ns is None else at_ns
-        spec = defn.parsed()
-        if (spec.at_ns if isinstance(spec, At) else spec.latest_at_or_before(at)) == at:
-            at += 1
-        req = Request("trigger", name, defn.version, at, uuid.uuid4().hex)
+        req, receipt = manual.trigger(self._existing(defs, name), at_ns)
         await self._request(req, defs, requests)
-        return Receipt(name, defn.schedule_id, "trigger", req.request_id, [f"{defn.schedule_id}/{at}"], 1)
+        return receipt
 
     async def backfill(self, name: str, from_ns: int, to_ns: int, *, max: int = DEFAULT_BACKFILL_MAX,
-                       dry_run: bool = False, now_ns: int | None = None) -> Receipt:
+                       dry_run: bool = False, now_ns: int | None = None) -> manual.Receipt:
         """Run every occurrence of ``name``'s spec in ``[from_ns, to_ns]``, each with its scheduled
         identity (those that already ran are resolved by the target from their stored outcome).
-        More than ``max`` occurrences (64 unless told; at most 10,000) is :class:`BackfillTooLarge`;
-        a window reaching past now is refused. ``dry_run``: only say which occurrences."""
+        More than ``max`` occurrences (64 unless told; at most 10,000) is
+        :class:`~streamsched.schedules.manual.BackfillTooLarge`; a window reaching past now is
+        refused. ``dry_run``: only say which occurrences."""
         validate_name(name, "schedule")
-        if not 1 <= max <= MAX_BACKFILL:
-            raise BoundExceeded("backfill --max", MAX_BACKFILL, max)
-        if from_ns > to_ns:
-            raise ConfigError("backfill: --from is after --to")
-        if to_ns > (time.time_ns() if now_ns is None else now_ns):
-            raise ConfigError("backfill: --to is in the future (future occurrences are the ticker's to fire)")
-        requests: dict[str, _Stored] = {}
+        manual.check_window(from_ns, to_ns, max, time.time_ns() if now_ns is None else now_ns)
+        requests: dict[str, manual.Stored] = {}
         defs = await self._latest(self.definitions_topic, _definition, requests)
-        defn = self._existing(defs, name)
-        spec = defn.parsed()
-        count = spec.count_between(from_ns - 1, to_ns)
-        if count > max:
-            raise BackfillTooLarge(name, count, max)
-        planned = spec.boundaries(from_ns - 1, to_ns, count)
-        occurrences = [f"{defn.schedule_id}/{t}" for t in planned]
-        if dry_run:
-            return Receipt(name, defn.schedule_id, "backfill", None, occurrences, count)
-        req = Request("backfill", name, defn.version, time.time_ns(), uuid.uuid4().hex, from_ns, to_ns, max)
-        await self._request(req, defs, requests)
-        return Receipt(name, defn.schedule_id, "backfill", req.request_id, occurrences, count)
+        req, receipt = manual.backfill(self._existing(defs, name), from_ns, to_ns, max, dry_run=dry_run)
+        if req is not None:
+            await self._request(req, defs, requests)
+        return receipt
 
     @staticmethod
     def _existing(defs: Latest[Definition], name: str) -> Definition:
@@ -406,34 +351,21 @@ class Catalog:
             raise ConfigError(f"no schedule named {name!r} in this catalog")
         return defn
 
-    async def _request(self, req: Request, defs: Latest[Definition], requests: dict[str, _Stored]) -> None:
+    async def _request(self, req: Request, defs: Latest[Definition],
+                       requests: dict[str, manual.Stored]) -> None:
         """Write ``req`` on its schedule's partition, with tombstones for requests that are
         applied and no longer needed (best effort: without the group's offsets, none)."""
-        stale = await self._stale_requests(defs, requests)
-        await self._write_many([(request_key(req.name, req.request_id), encode_request(req))]
-                               + [(k, None) for k in stale])
-
-    async def _stale_requests(self, defs: Latest[Definition],
-                              requests: dict[str, _Stored]) -> builtins.list[str]:
         from aiokafka.errors import KafkaError
 
-        if not requests:
-            return []
-        try:
-            applied = await self._applied_offsets({r.partition for r in requests.values()})
-        except (KafkaError, StreamschedError, OSError, TimeoutError):  # clean-up is optional
-            log.debug("could not read the applied request offsets; no clean-up", exc_info=True)
-            return []
         stale: builtins.list[str] = []
-        kept: dict[str, int] = {}
-        for key, r in sorted(requests.items(), key=lambda kv: -kv[1].offset):  # newest first
-            if r.offset >= applied.get(r.partition, 0):
-                continue  # pending: the ticker has not applied it yet
-            defn = defs.get(r.request.name)
-            kept[r.request.name] = kept.get(r.request.name, 0) + 1
-            if defn is None or defn.version != r.request.version or kept[r.request.name] > KEEP_REQUESTS:
-                stale.append(key)
-        return stale
+        if requests:
+            try:
+                applied = await self._applied_offsets({r.partition for r in requests.values()})
+                stale = manual.stale(defs, requests, applied)
+            except (KafkaError, StreamschedError, OSError, TimeoutError):  # clean-up is optional
+                log.debug("could not read the applied request offsets; no clean-up", exc_info=True)
+        await self._write_many([(request_key(req.name, req.request_id), encode_request(req))]
+                               + [(k, None) for k in stale])
 
     async def _applied_offsets(self, partitions: set[int]) -> dict[int, int]:
         """The ticker group's committed offset per definitions partition (requests below it are

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
-from streamsched.schedules.catalog import BackfillTooLarge, Catalog
+from streamsched.schedules.catalog import Catalog
+from streamsched.schedules.manual import BackfillTooLarge
 from streamsched.testing import ROOT
 from streamsched.worker.intake import Worker, WorkerConfig
 from tests.schedules.test_schedules import Clock, occurrences, ticking, until
@@ -129,12 +130,12 @@ async def test_a_request_made_while_no_ticker_runs_fires_once_across_restarts(ca
 
 async def test_applied_requests_are_cleaned_up_by_the_next_write_and_by_rm(
         catalog: Catalog, make_topic, monkeypatch: pytest.MonkeyPatch) -> None:
-    from streamsched.schedules import catalog as catalog_module
+    from streamsched.schedules import manual
 
     target = await make_topic("occ")
     clock = Clock(1_800_000_000 * S)
     await catalog.schedule("job", "@every 1h", target)
-    monkeypatch.setattr(catalog_module, "KEEP_REQUESTS", 0)
+    monkeypatch.setattr(manual, "KEEP_REQUESTS", 0)
     async with ticking(catalog, clock):
         await until(lambda: _state(catalog), "state")
         first = await catalog.trigger("job", at_ns=clock.now + 5 * S)

@@ -221,3 +221,18 @@ async def test_bad_and_stale_requests_are_counted_and_skipped() -> None:
     assert committed_requests(rig) == len(rig.kafka.records(rig.catalog.definitions_topic))
     assert "every" in pt.defs  # the definition is untouched by requests under its name
     assert STATE_CODEC.decode(rig.kafka.records(rig.catalog.state_topic)[-1].value or b"")
+
+
+def test_the_client_deletes_only_applied_requests_it_no_longer_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamsched.model.schedule import Definition
+    from streamsched.schedules import manual
+
+    monkeypatch.setattr(manual, "KEEP_REQUESTS", 2)
+    defn = Definition(name="every", spec="@every 1m", target_topic="jobs", payload=b"{}", version=2,
+                      enabled=True, policy="catch_up", created_ns=T0)
+    stored = {f"k{i}": manual.Stored(0, i, trigger(T0 + i, rid=f"{i:032x}", version=2)) for i in range(5)}
+    stored["old"] = manual.Stored(1, 0, trigger(T0, rid="f" * 32, version=1))  # an older version's
+    stored["gone"] = manual.Stored(1, 1, trigger(T0, rid="e" * 32, name="gone"))
+    # Partition 0 applied below offset 4: k4 is pending; k3 and k2 are the newest applied, kept.
+    assert sorted(manual.stale({"every": defn}, stored, {0: 4, 1: 2})) == ["gone", "k0", "k1", "old"]
+    assert manual.stale({"every": defn}, stored, {}) == []  # nothing known applied: nothing deleted
