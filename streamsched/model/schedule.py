@@ -132,6 +132,16 @@ class HistoryRow:
     cause_kind: str | None = None
     cause_category: str | None = None
 
+    @property
+    def manual(self) -> str | None:
+        """``"trigger"`` or ``"backfill"`` for the row of an occurrence an operator asked for
+        (:class:`Request`), else None. Such a row is a ``RUNNING`` row whose ``cause_category`` is
+        ``"manual"`` and whose ``cause_kind`` says which request: the history record has no other
+        field for it, and adding one would break reading the rows already written."""
+        if self.state == "RUNNING" and self.cause_category == MANUAL:
+            return self.cause_kind
+        return None
+
     def to_record(self) -> dict[str, Any]:
         return {"schedule_id": self.schedule_id, "occurrence": self.occurrence,
                 "planned_ns": self.planned_ns, "attempt": self.attempt, "state": self.state,
@@ -142,6 +152,40 @@ class HistoryRow:
         return cls(schedule_id=r["schedule_id"], occurrence=r["occurrence"], planned_ns=int(r["planned_ns"]),
                    attempt=int(r["attempt"]), state=r["state"], at_ns=int(r["at_ns"]),
                    cause_kind=r.get("cause_kind"), cause_category=r.get("cause_category"))
+
+
+MANUAL = "manual"
+"""``cause_category`` of the ``RUNNING`` history row of a triggered or backfilled occurrence."""
+MAX_BACKFILL = 10_000
+"""Most occurrences one backfill request may ask for, whatever its ``max``."""
+DEFAULT_BACKFILL_MAX = 64
+"""Most occurrences a backfill asks for unless told more (``--max``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """An operator's request to run a schedule outside its spec, applied by the schedule's ticker.
+
+    ``trigger``: one run now, the occurrence ``<schedule-id>/<at_ns>``, where ``at_ns`` is the
+    time it was asked for and never a boundary of the spec (so it is an identity of its own).
+    ``backfill``: every boundary of the spec in ``[from_ns, to_ns]`` that the ticker has already
+    passed, each with its scheduled identity ``<schedule-id>/<planned-ns>``, at most ``max``.
+    ``version`` is the definition version it was made for; under another version it is dropped.
+    """
+
+    kind: Literal["trigger", "backfill"]
+    name: str
+    version: int
+    at_ns: int
+    request_id: str
+    from_ns: int | None = None
+    to_ns: int | None = None
+    max: int = 0
+
+    def to_record(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "version": self.version, "at_ns": self.at_ns,
+                "request_id": self.request_id, "from_ns": self.from_ns, "to_ns": self.to_ns,
+                "max": self.max}
 
 
 @dataclass(frozen=True)

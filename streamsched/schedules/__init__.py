@@ -1,9 +1,10 @@
 """Durable schedules: the catalog client and the ticker that fires them.
 
-Lives here: ``catalog`` (schedule/unschedule/enable/disable/list/history over compacted
-topics), ``ticker`` (the consumer-group member, on :mod:`streamsched.kafka.owner`) and
-``tick`` (one owned catalog partition: restore, trusted feedback, fire + advance in one
-transaction).
+Lives here: ``catalog`` (schedule/unschedule/enable/disable/list/history/trigger/backfill
+over compacted topics), ``manual`` (what a trigger or backfill request asks for), ``ticker``
+(the consumer-group member, on :mod:`streamsched.kafka.owner`), ``tick`` (one owned catalog
+partition: restore, trusted feedback, fire + advance in one transaction), ``requests`` (the
+operator requests a partition applies in its ticks) and ``targets`` (targets it cannot write).
 
 May import: ``model``, ``wire``, ``kafka``, ``errors``, ``metrics``, ``failpoints``. Never
 ``streamsched.worker`` (the two meet only in ``model`` and ``wire``: the feedback a worker

@@ -13,7 +13,10 @@ schedule: partition ownership plus the ticker's fenced transactional producer is
 
 :class:`Catalog` is the client side: ``schedule`` upserts by name, ``unschedule`` deletes,
 ``enable``/``disable`` advance the definition version (which makes the ticker reset the state),
-``list`` and ``history`` read the topics.
+``list`` and ``history`` read the topics. ``trigger`` and ``backfill`` write a request
+(:class:`~streamsched.model.schedule.Request`) on the schedule's partition of the definitions
+topic, which the schedule's ticker applies (:mod:`streamsched.schedules.requests`): the catalog
+never writes state or history itself, so nothing races the ticker that owns them.
 
 Reads never drop a record silently (defect 4h): a record whose key or value does not decode, or
 whose definition no longer parses, is skipped, counted in the result's ``skipped_corrupt``
@@ -34,7 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from streamsched.errors import BoundExceeded, ConfigError, DecodeError, InvalidSpec
+from streamsched.errors import BoundExceeded, ConfigError, DecodeError, InvalidSpec, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import read_topic
@@ -42,9 +45,26 @@ from streamsched.kafka.writer import partition_for_key
 from streamsched.model.jsonval import json_dumps, json_loads
 from streamsched.model.limits import MAX_HISTORY_ROWS, MAX_PAYLOAD_BYTES
 from streamsched.model.names import internal_topic, validate_name
-from streamsched.model.schedule import Definition, HistoryRow, Policy, ScheduleInfo, State
+from streamsched.model.schedule import (
+    DEFAULT_BACKFILL_MAX,
+    Definition,
+    HistoryRow,
+    Policy,
+    Request,
+    ScheduleInfo,
+    State,
+)
 from streamsched.model.specs import parse_spec
-from streamsched.wire.schedule import DEFINITION_CODEC, HISTORY_CODEC, STATE_CODEC
+from streamsched.schedules import manual
+from streamsched.wire.schedule import (
+    DEFINITION_CODEC,
+    HISTORY_CODEC,
+    STATE_CODEC,
+    decode_request,
+    encode_request,
+    request_key,
+    request_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -161,13 +181,24 @@ class Catalog:
 
     # --- reads ----------------------------------------------------------------------------------
 
-    async def _latest(self, topic: str, decode: Callable[[bytes], _V]) -> Latest[_V]:
-        """The latest readable record per key of a compacted topic (tombstones delete)."""
+    async def _latest(self, topic: str, decode: Callable[[bytes], _V],
+                      requests: dict[str, manual.Stored] | None = None) -> Latest[_V]:
+        """The latest readable record per key of a compacted topic (tombstones delete); request
+        records of the definitions topic go to ``requests`` (or are passed over)."""
         out: Latest[_V] = Latest()
         skips = _Skips(topic)
         for rec in await read_topic(self.bootstrap, topic):
             try:
                 key = rec.key.decode() if rec.key else ""
+                if request_name(key) is not None:
+                    if requests is None:
+                        continue
+                    if rec.value is None:
+                        requests.pop(key, None)
+                    else:
+                        req = decode_request(key, rec.value)
+                        requests[key] = manual.Stored(rec.partition, rec.offset, req)
+                    continue
                 if rec.value is None:
                     out.pop(key, None)
                     continue
@@ -215,14 +246,16 @@ class Catalog:
         await self._write_many([(name, value)])
 
     async def _write_many(self, records: builtins.list[tuple[str, bytes | None]]) -> None:
-
+        """Write ``records`` (key, value) to the definitions topic, each on its schedule's
+        partition: a request's is its schedule's, whatever its own key hashes to."""
         if not records:
             return
         producer = clients.producer(self.bootstrap)
         await producer.start()
         try:
             futures = [await producer.send(self.definitions_topic, value, key=name.encode(),
-                                           partition=partition_for_key(name.encode(), self.partitions))
+                                           partition=partition_for_key(
+                                               (request_name(name) or name).encode(), self.partitions))
                        for name, value in records]
             await asyncio.gather(*futures)
         finally:
@@ -274,12 +307,81 @@ class Catalog:
                           event_type=event_type, tenant=tenant)
 
     async def unschedule(self, name: str) -> bool:
-        """Delete ``name``; True if it existed. Its ticker stops firing it."""
+        """Delete ``name`` and its requests; True if it existed. Its ticker stops firing it."""
         validate_name(name, "schedule")
-        if name not in await self.definitions():
+        requests: dict[str, manual.Stored] = {}
+        if name not in await self._latest(self.definitions_topic, _definition, requests):
             return False
-        await self._write(name, None)
+        doomed = [name] + [k for k, r in requests.items() if r.request.name == name]
+        await self._write_many([(k, None) for k in doomed])
         return True
+
+    # --- requests (applied by the schedule's ticker) ----------------------------------------------
+
+    async def trigger(self, name: str, *, at_ns: int | None = None) -> manual.Receipt:
+        """Run ``name`` once now, as the occurrence ``<schedule-id>/<at_ns>`` (default: now; moved
+        by 1 ns if it is a boundary of the spec, so it never is a scheduled occurrence)."""
+        validate_name(name, "schedule")
+        requests: dict[str, manual.Stored] = {}
+        defs = await self._latest(self.definitions_topic, _definition, requests)
+        req, receipt = manual.trigger(self._existing(defs, name), at_ns)
+        await self._request(req, defs, requests)
+        return receipt
+
+    async def backfill(self, name: str, from_ns: int, to_ns: int, *, max: int = DEFAULT_BACKFILL_MAX,
+                       dry_run: bool = False, now_ns: int | None = None) -> manual.Receipt:
+        """Run every occurrence of ``name``'s spec in ``[from_ns, to_ns]``, each with its scheduled
+        identity (those that already ran are resolved by the target from their stored outcome).
+        More than ``max`` occurrences (64 unless told; at most 10,000) is
+        :class:`~streamsched.schedules.manual.BackfillTooLarge`; a window reaching past now is
+        refused. ``dry_run``: only say which occurrences."""
+        validate_name(name, "schedule")
+        manual.check_window(from_ns, to_ns, max, time.time_ns() if now_ns is None else now_ns)
+        requests: dict[str, manual.Stored] = {}
+        defs = await self._latest(self.definitions_topic, _definition, requests)
+        req, receipt = manual.backfill(self._existing(defs, name), from_ns, to_ns, max, dry_run=dry_run)
+        if req is not None:
+            await self._request(req, defs, requests)
+        return receipt
+
+    @staticmethod
+    def _existing(defs: Latest[Definition], name: str) -> Definition:
+        defn = defs.get(name)
+        if defn is None:
+            raise ConfigError(f"no schedule named {name!r} in this catalog")
+        return defn
+
+    async def _request(self, req: Request, defs: Latest[Definition],
+                       requests: dict[str, manual.Stored]) -> None:
+        """Write ``req`` on its schedule's partition, with tombstones for requests that are
+        applied and no longer needed (best effort: without the group's offsets, none)."""
+        from aiokafka.errors import KafkaError
+
+        stale: builtins.list[str] = []
+        if requests:
+            try:
+                applied = await self._applied_offsets({r.partition for r in requests.values()})
+                stale = manual.stale(defs, requests, applied)
+            except (KafkaError, StreamschedError, OSError, TimeoutError):  # clean-up is optional
+                log.debug("could not read the applied request offsets; no clean-up", exc_info=True)
+        await self._write_many([(request_key(req.name, req.request_id), encode_request(req))]
+                               + [(k, None) for k in stale])
+
+    async def _applied_offsets(self, partitions: set[int]) -> dict[int, int]:
+        """The ticker group's committed offset per definitions partition (requests below it are
+        applied). Reading them joins no group."""
+        from aiokafka import TopicPartition
+
+        consumer = clients.consumer(self.bootstrap, group_id=self.group)
+        await consumer.start()
+        try:
+            out = {}
+            for p in partitions:
+                committed = await consumer.committed(TopicPartition(self.definitions_topic, p))
+                out[p] = committed or 0
+            return out
+        finally:
+            await consumer.stop()
 
     async def _set_enabled(self, name: str, enabled: bool) -> bool:
         validate_name(name, "schedule")

@@ -16,8 +16,12 @@ Feedback is trusted only for occurrences this ticker fired (:func:`fired_by_us`,
 anyone who can produce to the feedback topic could otherwise complete or fail someone else's
 one-time job. Rejected rows are counted (``feedback_rejected``) and logged in one line per tick.
 
+Operator requests (``schedule trigger``/``backfill``, records of the definitions topic) are
+applied in the tick transaction after the schedules' own fires, once across restarts; they never
+move a schedule's anchor or next boundary (:mod:`streamsched.schedules.requests`).
+
 Undecodable records are never dropped silently (defect 4h): each is counted
-(``undecodable_records{kind=definition|state|feedback}``) and logged in one line (partition and
+(``undecodable_records{kind=definition|request|state|feedback}``) and logged in one line (partition and
 offset, never the bytes). A corrupt schedule *state* never resets its schedule:
 
 * if a good state of the schedule precedes it in the log, that last good state is kept
@@ -39,7 +43,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +64,17 @@ from streamsched.model.limits import MAX_HISTORY_ROWS
 from streamsched.model.schedule import Definition, HistoryRow, ScheduleStatus, State, fresh_state
 from streamsched.model.specs import At, plan_catch_up
 from streamsched.schedules.catalog import Catalog
+from streamsched.schedules.requests import Batch, Requests, apply_pending
 from streamsched.schedules.targets import Targets
 from streamsched.wire.avro import get_codec
-from streamsched.wire.schedule import DEFINITION_CODEC, HISTORY_CODEC, STATE_CODEC, occurrence_origin
+from streamsched.wire.schedule import (
+    DEFINITION_CODEC,
+    HISTORY_CODEC,
+    STATE_CODEC,
+    decode_request,
+    occurrence_origin,
+    request_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,18 +105,21 @@ class _Abandoned(Exception):
     """A planned transaction given up before its time came (the partition is stopping)."""
 
 
-def fired_by_us(st: State, defn: Definition, row: HistoryRow) -> bool:
+def fired_by_us(st: State, defn: Definition, row: HistoryRow, *, manual: Collection[int] = ()) -> bool:
     """Whether feedback ``row`` reports an occurrence that ``st`` says was fired (defect 4a).
 
     Same schedule id (the caller checks it), an occurrence string matching its planned time, a
-    terminal result, a planned time at or before the last one fired, and a boundary of the
-    spec: for a one-time job exactly its instant. A forged row for a fired occurrence cannot be
-    told from a real one here; that is what the target worker's own claim store guards.
+    terminal result, and either one of the ``manual`` planned times (the triggers this ticker
+    applied) or a planned time at or before the last one fired that is a boundary of the spec:
+    for a one-time job exactly its instant. A forged row for a fired occurrence cannot be told
+    from a real one here; that is what the target worker's own claim store guards.
     """
     if row.state not in ("SUCCEEDED", "FAILED") or row.attempt < 1:
         return False
     if row.occurrence != f"{st.schedule_id}/{row.planned_ns}":
         return False
+    if row.planned_ns in manual:
+        return True
     if st.last_fired_ns is None or row.planned_ns > st.last_fired_ns:
         return False
     spec = defn.parsed()
@@ -132,6 +147,15 @@ class PartitionTicker:
         self.feedback_tp: Any = None
         self.feedback_sent: int | None = None
         """The feedback offset last committed (by a previous owner, or by this one's ticks)."""
+        self.requests = Requests()
+        """Operator requests on this partition, and the offset below which all are applied."""
+        self.defs_next = 0
+        """The next definitions offset to read (what is applied in memory so far)."""
+        self.more = False
+        """A request has more to fire than the last transaction took: tick again at once."""
+        from aiokafka import TopicPartition
+
+        self.defs_tp = TopicPartition(ctx.catalog.definitions_topic, self.p)
         self.wake = asyncio.Event()
         self.targets = Targets(ctx.metrics, self.p,
                                probe=lambda topic: partition_count(ctx.bootstrap, topic))
@@ -191,6 +215,8 @@ class PartitionTicker:
         else:
             self.feedback.seek(self.feedback_tp, committed)
         self.feedback_sent = committed
+        self.requests.restored(await self.feedback.committed(self.defs_tp))
+        self.defs_next = end
         self.resume = {TopicPartition(cat.definitions_topic, self.p): end}  # restored up to there
 
     async def _read(self, topic: str, apply: Callable[[Any], None]) -> int:
@@ -219,6 +245,8 @@ class PartitionTicker:
                 await asyncio.wait_for(self.wake.wait(), self._sleep_s())
 
     def _sleep_s(self) -> float:
+        if self.more:
+            return 0.0
         now = int(self.ctx.clock())
         upcoming = [s.next_planned_ns for name, s in self.states.items()
                     if s.status is ScheduleStatus.ACTIVE and s.next_planned_ns is not None
@@ -234,6 +262,9 @@ class PartitionTicker:
 
     def _apply_definition(self, rec: Any) -> None:
         key = rec.key.decode("utf-8", "replace") if rec.key else ""
+        if request_name(key) is not None:
+            self._apply_request(key, rec)
+            return
         if rec.value is None:
             self.defs.pop(key, None)
             return
@@ -244,6 +275,17 @@ class PartitionTicker:
             self._undecodable("definition", rec)  # the previous definition (if any) stays
             return
         self.defs[key] = defn
+
+    def _apply_request(self, key: str, rec: Any) -> None:
+        if rec.value is None:
+            self.requests.remove(key)
+            return
+        try:
+            req = decode_request(key, rec.value)
+        except _UNDECODABLE:
+            self._undecodable("request", rec)
+            return
+        self.requests.put(key, rec.offset, req)
 
     async def _feedback_rows(self) -> tuple[list[tuple[str, HistoryRow, int]], int | None]:
         batch = await self.feedback.getmany(self.feedback_tp, timeout_ms=0, max_records=512)
@@ -268,7 +310,9 @@ class PartitionTicker:
 
     async def _tick(self) -> None:
         while self.inbox:
-            self._apply_definition(self.inbox.popleft())
+            rec = self.inbox.popleft()
+            self.defs_next = max(self.defs_next, rec.offset + 1)
+            self._apply_definition(rec)
         wall = int(self.ctx.clock())
         # Plan a boundary that is due within LOOKAHEAD now, and commit it exactly when it is
         # due: the CPU of planning and encoding then lies before the planned time, not after.
@@ -312,11 +356,13 @@ class PartitionTicker:
             if st is None or owner_def is None or row.schedule_id != st.schedule_id:
                 self.ctx.metrics.inc("feedback_stale")  # an older version's attempt, or no such schedule
                 continue
-            if not fired_by_us(st, owner_def, row):
+            manual = self.requests.manual(st)
+            if not fired_by_us(st, owner_def, row, manual=manual):
                 rejected.append((name, offset))
                 continue
             st = record(st, row)
-            if isinstance(owner_def.parsed(), At) and st.status is ScheduleStatus.ACTIVE:
+            if (isinstance(owner_def.parsed(), At) and st.status is ScheduleStatus.ACTIVE
+                    and row.planned_ns not in manual):  # a manual run does not end a one-time job
                 if row.state == "SUCCEEDED":
                     st = st.advanced(status=ScheduleStatus.COMPLETED)
                 elif row.state == "FAILED":
@@ -337,14 +383,9 @@ class PartitionTicker:
                 continue  # waits, unchanged, while the others fire (schedules/targets.py)
             plan = plan_catch_up(defn.parsed(), st.anchor_ns, now, policy=defn.policy)
             for planned in plan.fire:
-                occurrence = f"{defn.schedule_id}/{planned}"
-                ev = TransitionEvent(event_id=occurrence, type=defn.event_type, tenant=defn.tenant,
-                                     target=(defn.schedule_id,), due_ns=planned, payload=defn.payload,
-                                     produced_ns=now, origin=occurrence_origin(cat.name, defn, planned))
-                # The definition was validated when it was stored; only the planned time is new.
-                events.append((defn.target_topic, TRANSITION_CODEC.encode_trusted(ev.to_record()),
-                               route_key(ev.tenant, ev.target)))
-                st = record(st, HistoryRow(defn.schedule_id, occurrence, planned, 1, "RUNNING", now))
+                events.append(self._occurrence(defn, planned, now))
+                st = record(st, HistoryRow(defn.schedule_id, f"{defn.schedule_id}/{planned}", planned, 1,
+                                           "RUNNING", now))
             fired += len(plan.fire)
             st = st.advanced(anchor_ns=plan.fire[-1] if plan.fire else max(st.anchor_ns, now),
                              next_planned_ns=plan.next_planned_ns,
@@ -354,10 +395,18 @@ class PartitionTicker:
             if isinstance(defn.parsed(), At):
                 st = st.advanced(next_planned_ns=None)
             put(st)
-        if not (writes_state or history or events or feedback_next is not None):
-            return
+        batch = Batch(now=now, fired=fired, limit=MAX_FIRES_PER_TXN, fence=self.fence, put=put, record=record,
+                      events=events, occurrence=lambda defn, t: self._occurrence(defn, t, now),
+                      writable=lambda topic: self.targets.writable(self.producer, topic))
+        updates = await apply_pending(self.requests, self.defs, self.states, self.held, self.ctx.metrics,
+                                      batch)
+        self.more = batch.more
+        applied_next = self.requests.watermark(updates, self.defs_next)
+        if not (updates or writes_state or history or events or feedback_next is not None):
+            return  # the applied offset moves with the next transaction
         try:
-            await self._commit(writes_state, history, events, feedback_next, fire_at_ns=now)
+            await self._commit(writes_state, history, events, feedback_next, fire_at_ns=now,
+                               applied_next=applied_next if applied_next > self.requests.applied_to else None)
         except _Abandoned:
             self.states, self.held = snapshot, held
             return
@@ -366,15 +415,29 @@ class PartitionTicker:
             raise
         if feedback_next is not None:
             self.feedback_sent = feedback_next
+        for key, entry in updates.items():
+            if key in self.requests.by_key:  # else deleted meanwhile
+                self.requests.by_key[key] = entry
+        self.requests.applied_to = max(self.requests.applied_to, applied_next)
         self.ctx.metrics.set_gauge("schedules_held", len(self.held), partition=str(self.p))
         if events:
             self.ctx.metrics.observe("commit_after_planned_seconds", (self.ctx.clock() - now) / 1e9)
         self.ctx.metrics.inc("occurrences_fired", len(events))
         self.ctx.metrics.inc("history_rows", len(history))
 
+    def _occurrence(self, defn: Definition, planned: int, now: int) -> tuple[str, bytes, bytes]:
+        """(topic, value, key) of the occurrence of ``defn`` planned at ``planned``."""
+        occurrence = f"{defn.schedule_id}/{planned}"
+        ev = TransitionEvent(event_id=occurrence, type=defn.event_type, tenant=defn.tenant,
+                             target=(defn.schedule_id,), due_ns=planned, payload=defn.payload,
+                             produced_ns=now, origin=occurrence_origin(self.ctx.catalog.name, defn, planned))
+        # The definition was validated when it was stored; only the planned time is new.
+        return (defn.target_topic, TRANSITION_CODEC.encode_trusted(ev.to_record()),
+                route_key(ev.tenant, ev.target))
+
     async def _commit(self, states: dict[str, State | None], history: list[tuple[str, HistoryRow]],
                       events: list[tuple[str, bytes, bytes]], feedback_next: int | None,
-                      *, fire_at_ns: int = 0) -> None:
+                      *, fire_at_ns: int = 0, applied_next: int | None = None) -> None:
         """Write everything in one transaction and commit it once the clock reaches ``fire_at_ns``.
 
         The records are produced first and the commit waits for the planned time: read_committed
@@ -400,8 +463,13 @@ class PartitionTicker:
                 writer.add(cat.history_topic, HISTORY_CODEC.encode_trusted(row.to_record()),
                            key=slot.encode(), partition=self.p)
             await writer.flush()
+            offsets = {}
             if feedback_next is not None:
-                await p.send_offsets_to_transaction({self.feedback_tp: feedback_next}, cat.group)
+                offsets[self.feedback_tp] = feedback_next
+            if applied_next is not None:
+                offsets[self.defs_tp] = applied_next  # every request below it is applied
+            if offsets:
+                await p.send_offsets_to_transaction(offsets, cat.group)
             clock = self.ctx.clock
             if events and clock() > fire_at_ns:
                 self.ctx.metrics.inc("late_plans")
@@ -418,8 +486,6 @@ class PartitionTicker:
         if events:
             self.ctx.metrics.observe("end_txn_seconds", time.perf_counter() - t_commit)
             failpoints.hit("tick_after_commit")
-
-
 
 
 def _written_for(rec: Any) -> int | None:

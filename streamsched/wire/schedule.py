@@ -10,6 +10,13 @@ would otherwise only fail when the worker derives the feedback topic from it, in
 release transaction, and stall the partition. It must be ``None`` or well formed: a valid
 catalog name whose feedback topic name is legal, a valid schedule name, a version >= 0 and a
 planned time, both canonical decimal integers within int64.
+
+An operator's trigger or backfill (:class:`~streamsched.model.schedule.Request`) is a record of
+the catalog's definitions topic, on its schedule's partition, under the key
+``<name>\x00request/<request-id>`` (:func:`request_key`): a key no schedule name can have, so
+compaction never merges it with the definition, and readers of definitions tell the two apart
+by the key alone. Its value is canonical JSON (sorted keys), checked field by field by
+:func:`decode_request`; the ticker skips and counts one that does not pass.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from streamsched.errors import InvalidName
+from streamsched.errors import DecodeError, InvalidName
+from streamsched.model.instants import MAX_BOUNDARY_NS, MIN_BOUNDARY_NS
+from streamsched.model.jsonval import json_dumps, json_loads
 from streamsched.model.names import internal_topic, validate_name
-from streamsched.model.schedule import Definition
+from streamsched.model.schedule import MAX_BACKFILL, Definition, Request
 from streamsched.wire.avro import AvroCodec
 
 DEFINITION_CODEC = AvroCodec("schedule_definition")
@@ -32,6 +41,11 @@ ORIGIN_PROBLEM: Final = "origin: malformed"
 _VERSION: Final = re.compile(r"0|[1-9][0-9]{0,18}")
 _PLANNED: Final = re.compile(r"0|-?[1-9][0-9]{0,18}")
 _INT64_MAX: Final = 2**63 - 1
+REQUEST_SEP: Final = "\x00request/"
+"""Between the schedule name and the request id in a request's key (names never hold NUL)."""
+_REQUEST_ID: Final = re.compile(r"[0-9a-f]{32}")
+_REQUEST_FIELDS: Final = frozenset(("kind", "name", "version", "at_ns", "request_id", "from_ns", "to_ns",
+                                    "max"))
 
 
 def occurrence_origin(catalog: str, defn: Definition, planned_ns: int) -> str:
@@ -95,3 +109,53 @@ def origin_problem(origin: str | None) -> str | None:
     if origin is None or parse_origin(origin) is not None:
         return None
     return ORIGIN_PROBLEM
+
+
+def request_key(name: str, request_id: str) -> str:
+    """The definitions-topic key of a request: ``<name>\\x00request/<request-id>``."""
+    return f"{name}{REQUEST_SEP}{request_id}"
+
+
+def request_name(key: str) -> str | None:
+    """The schedule a definitions-topic key is a request of, or None for a definition's key."""
+    name, sep, _ = key.partition(REQUEST_SEP)
+    return name if sep else None
+
+
+def encode_request(req: Request) -> bytes:
+    return json_dumps(req.to_record())
+
+
+def _int(doc: dict[str, object], field: str, low: int, high: int) -> int:
+    value = doc[field]
+    if type(value) is not int or not low <= value <= high:
+        raise DecodeError(f"request: {field}")
+    return value
+
+
+def decode_request(key: str, value: bytes) -> Request:
+    """The request stored under ``key``; :class:`DecodeError` naming the first bad field."""
+    doc = json_loads(value)
+    if not isinstance(doc, dict) or set(doc) != _REQUEST_FIELDS:
+        raise DecodeError("request: fields")
+    kind, name, request_id = doc["kind"], doc["name"], doc["request_id"]
+    if kind not in ("trigger", "backfill"):
+        raise DecodeError("request: kind")
+    if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
+        raise DecodeError("request: request_id")
+    if not isinstance(name, str) or key != request_key(name, request_id):
+        raise DecodeError("request: key")
+    try:
+        validate_name(name, "schedule")
+    except InvalidName:
+        raise DecodeError("request: name") from None
+    version = _int(doc, "version", 1, _INT64_MAX)
+    at_ns = _int(doc, "at_ns", MIN_BOUNDARY_NS, MAX_BOUNDARY_NS)
+    if kind == "trigger":
+        if doc["from_ns"] is not None or doc["to_ns"] is not None or doc["max"] != 0:
+            raise DecodeError("request: a trigger has no window")
+        return Request("trigger", name, version, at_ns, request_id)
+    from_ns = _int(doc, "from_ns", MIN_BOUNDARY_NS, MAX_BOUNDARY_NS)
+    to_ns = _int(doc, "to_ns", from_ns, MAX_BOUNDARY_NS)
+    return Request("backfill", name, version, at_ns, request_id, from_ns, to_ns,
+                   _int(doc, "max", 1, MAX_BACKFILL))

@@ -1,6 +1,6 @@
 """Event and schedule commands: ``emit`` (one validated transition through
 :class:`streamsched.Producer`) and ``schedule`` (the catalog's add/rm/enable/disable/list/history,
-and ``tick``, the ticker service)."""
+trigger/backfill, and ``tick``, the ticker service)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,25 @@ def _fmt_ns(ns: int | None) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _name(args: argparse.Namespace) -> str:
+    if not args.name:
+        raise ConfigError(f"schedule {args.action} needs the schedule's name")
+    return str(args.name)
+
+
+def _instant(text: str, option: str) -> int:
+    """UTC nanoseconds of an RFC 3339 time with an offset (as ``@at`` takes it)."""
+    from streamsched.errors import InvalidSpec
+    from streamsched.model.specs import At, parse_spec
+
+    try:
+        spec = parse_spec(f"@at {text}")
+    except InvalidSpec as exc:
+        raise ConfigError(f"{option}: {exc}") from None
+    assert isinstance(spec, At)
+    return spec.at_ns
+
+
 def cmd_schedule(args: argparse.Namespace) -> int:
     from streamsched.schedules.catalog import Catalog
 
@@ -109,9 +128,25 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             rows = await catalog.history(args.name)
             if rows.skipped_corrupt:
                 print(f"{rows.skipped_corrupt} unreadable records skipped", file=sys.stderr)
+            # A manual run's RUNNING row says which request it was; a trigger's occurrence is its
+            # own, so its result rows say so too (a backfilled one shares the scheduled identity).
+            triggered = {r.occurrence for r in rows if r.manual == "trigger"}
             for r in rows:
-                cause = f" {r.cause_kind}/{r.cause_category}" if r.cause_kind else ""
-                print(f"{_fmt_ns(r.at_ns)}  {r.occurrence:<40} attempt {r.attempt}  {r.state}{cause}")
+                cause = f" {r.cause_kind}/{r.cause_category}" if r.cause_kind and not r.manual else ""
+                kind = r.manual or ("trigger" if r.occurrence in triggered else None)
+                tag = f"  [{kind}]" if kind else ""
+                print(f"{_fmt_ns(r.at_ns)}  {r.occurrence:<40} attempt {r.attempt}  {r.state}{cause}{tag}")
+            return 0
+        if args.action == "trigger":
+            print(json.dumps((await catalog.trigger(_name(args))).as_dict()))
+            return 0
+        if args.action == "backfill":
+            if args.from_time is None or args.to_time is None:
+                raise ConfigError("backfill needs --from and --to")
+            receipt = await catalog.backfill(_name(args), _instant(args.from_time, "--from"),
+                                             _instant(args.to_time, "--to"), max=args.max,
+                                             dry_run=args.dry_run)
+            print(json.dumps(receipt.as_dict()))
             return 0
         raise ConfigError(f"unknown schedule action {args.action}")
 

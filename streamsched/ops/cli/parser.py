@@ -36,6 +36,15 @@ missed boundaries (--policy), after downtime:
   Example, D = 100: catch_up fires the 1st-64th and the 100th, skips 35;
   coalesce fires the 100th, skips 99. One run fires at most 65 occurrences per schedule.
 
+manual runs (applied by the schedule's ticker, so they run once even across its restarts):
+  trigger NAME      one run now, an occurrence of its own (<schedule-id>/<now-ns>), history
+                    rows marked [trigger]
+  backfill NAME --from T --to T [--max N] [--dry-run]
+                    every boundary in [--from, --to] (RFC 3339 times, not in the future), each
+                    the scheduled occurrence <schedule-id>/<planned-ns>: targets resolve those
+                    that already ran from their stored outcome. More than --max (default 64,
+                    at most 10000) is refused; --dry-run prints them and writes nothing.
+
 list/history print "N unreadable records skipped" on stderr when the catalog holds records
 they cannot decode.
 """
@@ -196,11 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_connection_options(e)
     e.set_defaults(fn=cmd_emit)
 
-    sc = sub.add_parser("schedule", help="durable schedules: add, rm, enable, disable, list, history, tick",
+    sc = sub.add_parser("schedule", help="durable schedules: add, rm, enable, disable, list, history, "
+                                         "trigger, backfill, tick",
                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_SCHEDULE_EPILOG)
-    sc.add_argument("action", choices=["add", "rm", "enable", "disable", "list", "history", "tick"],
+    sc.add_argument("action", choices=["add", "rm", "enable", "disable", "list", "history", "trigger",
+                                       "backfill", "tick"],
                     help="tick runs the ticker that fires due occurrences (a long-running service)")
-    sc.add_argument("name", nargs="?", default=None, help="schedule name (add, rm, enable, disable, history)")
+    sc.add_argument("name", nargs="?", default=None,
+                    help="schedule name (add, rm, enable, disable, history, trigger, backfill)")
     sc.add_argument("spec", nargs="?", default=None, help="@every 5m | @at 2026-12-24T18:00:00Z | cron")
     sc.add_argument("--target", default=None, help="transition topic the occurrences go to")
     sc.add_argument("--payload", default=None, help="JSON document carried by every occurrence")
@@ -220,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only verify the catalog's topics, never create them (a ticker role without CREATE; "
                          "an operator runs `topics apply --catalog NAME`); a missing one is exit 2")
     sc.add_argument("--json", action="store_true", help="list: machine output (a JSON array)")
+    sc.add_argument("--from", dest="from_time", default=None, help="backfill: window start (RFC 3339)")
+    sc.add_argument("--to", dest="to_time", default=None, help="backfill: window end, inclusive (RFC 3339)")
+    sc.add_argument("--max", type=int, default=64,
+                    help="backfill: most occurrences it may request (default 64, at most 10000)")
+    sc.add_argument("--dry-run", action="store_true", help="backfill: print the occurrences, write nothing")
     add_connection_options(sc)
     _add_status_options(sc, port_from_env=False)  # used by `tick`
     sc.set_defaults(fn=cmd_schedule)
