@@ -176,6 +176,7 @@ _TABLE: Final[tuple[tuple[str, MetricType, tuple[str, ...], str], ...]] = (
     ("history_rows", "counter", (), "schedule history rows written"),
     ("late_plans", "counter", (), "fire transactions committed after their planned time"),
     ("undecodable_records", "counter", _K, "records that could not be decoded"),
+    ("schedule_requests_dropped", "counter", _R, "schedule trigger/backfill requests skipped, by reason"),
     ("feedback_rejected", "counter", (), "schedule feedback refused (not an occurrence the ticker fired)"),
     ("feedback_stale", "counter", (), "schedule feedback for an older version or an unknown schedule"),
     ("schedules_held", "gauge", _P, "schedules held by a ticker partition"),
