@@ -46,7 +46,7 @@ class ReservedName(InvalidName):
 
 
 class BoundExceeded(StreamschedError):
-    """An input or option is outside its documented bound (SPEC §1)."""
+    """An input or option is outside its documented bound (streamsched.model.limits)."""
 
     kind = "bound"
 

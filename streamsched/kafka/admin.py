@@ -11,7 +11,7 @@ must outlive its longest park (:data:`MAX_PARK_S`) plus an outage of its partiti
 (:data:`DELAY_OUTAGE_MARGIN_S`); see :data:`DELAY_RETENTION_MS` and
 :data:`MIN_DELAY_RETENTION_MS`.
 
-Durability (SPEC §4, issue 8 item 4). Internal topics (state, dead-letter and delay topics, and
+Durability. Internal topics (state, dead-letter and delay topics, and
 every ``__streamsched.*`` topic such as a schedule catalog's) hold the only copy of claims, parked
 work and schedules, so by default they get replication factor ``min(3, brokers)`` and
 ``min.insync.replicas`` ``min(2, replication)``: on a three-broker cluster a write is acknowledged

@@ -30,7 +30,7 @@ producers default to :data:`METADATA_MAX_AGE_MS` (a small MetadataRequest for th
 topics every few seconds), and every consumer forces a metadata refresh when an offset lookup
 fails (:func:`_refresh_metadata_on_offset_errors`), so it finds the new leader at once.
 
-Broker version (issue 8.5): every client, once started, checks the cluster's Kafka release from
+Broker version: every client, once started, checks the cluster's Kafka release from
 its ApiVersions (:func:`verify_broker`, once per process and bootstrap list) and refuses an
 untested one with :class:`~streamsched.kafka.version.UntestedKafkaVersion` unless the connection
 allows it (``allow_untested_kafka``, or ``STREAMSCHED_ALLOW_UNTESTED_KAFKA=1``).
@@ -239,7 +239,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return (KafkaConnectionError, RequestTimedOutError)
 
 
-# A handler that talks to Kafka itself and fails in transport is retryable (SPEC §3); loaded
+# A handler that talks to Kafka itself and fails in transport is retryable; loaded
 # lazily, so importing this module does not import aiokafka.
 register_transport_errors(_transport_errors)
 

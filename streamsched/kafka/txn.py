@@ -2,9 +2,9 @@
 
 Both owners of partitions (the worker's turn, the schedule ticker's tick) write through
 :func:`transaction`. Why a deadline: aiokafka 0.14 retries some transactional requests without
-end (a coordinator or leader it keeps asking after the cluster moved on; see aio-libs/aiokafka
-issue 1145). Without a bound the owner would wait on that producer forever and its partition
-would stall with no error anywhere. With it, the transaction fails with
+end (a coordinator or leader it keeps asking after the cluster moved on; see the
+aio-libs/aiokafka issue tracker, #1145). Without a bound the owner would wait on that producer
+forever and its partition would stall with no error anywhere. With it, the transaction fails with
 :class:`~streamsched.errors.TransactionStuck`, the owner fails, and its restart (a fresh
 producer, whose ``init_transactions`` fences the stuck one) resumes from committed state.
 

@@ -5,7 +5,7 @@ Lives here: ``event`` (TransitionEvent and its bounds), ``jsonval`` (canonical b
 ``identity`` (business/claim/release identities, route keys), ``claims`` (the fenced claim
 state machine), ``retry`` (RetryPolicy, compute_backoff, failure normalisation), ``specs``
 (the schedule spec grammar and bounded catch-up), ``schedule`` (definitions, state, history),
-``limits`` and ``names`` (every bound of SPEC §1, name validation).
+``limits`` and ``names`` (every bound, name validation).
 
 May import: the standard library, croniter, orjson, ``streamsched.errors`` and each other.
 Never Kafka, never I/O.

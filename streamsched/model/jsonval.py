@@ -70,7 +70,7 @@ def json_parse(data: object) -> object:
         return Bad("invalid json")
     # Every nested container opens with a bracket, so a document with at most MAX_JSON_DEPTH
     # of them (two C-speed counts) cannot be too deep; only the rest is walked. The walk was
-    # about 4 % of a Kafka-native worker's CPU (py-spy, issue 10) for one-level payloads.
+    # about 4 % of a Kafka-native worker's CPU (py-spy) for one-level payloads.
     if (isinstance(obj, dict | list) and buf.count(b"{") + buf.count(b"[") > MAX_JSON_DEPTH
             and _json_depth_exceeds(obj, MAX_JSON_DEPTH)):
         return Bad("bound: json depth")

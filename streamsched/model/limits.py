@@ -1,4 +1,4 @@
-"""The explicit bounds of SPEC §1 in one place; every validator refers to these names."""
+"""The explicit bounds in one place; every validator refers to these names."""
 
 from __future__ import annotations
 

@@ -288,7 +288,7 @@ def plan_catch_up(
 
     The *due* (missed) boundaries are those in ``(last_planned_ns, now_ns]``: after the last one
     already planned, up to and including ``now_ns``; say there are ``D`` of them and
-    ``M = max_catch_up`` (64 by default, SPEC §2).
+    ``M = max_catch_up`` (64 by default).
 
     * ``policy="catch_up"``: the first ``M`` due boundaries fire in order, then the schedule skips
       forward to the **latest** due boundary, which **also fires** (it is the current occurrence,

@@ -1,4 +1,4 @@
-"""Least-authority Kafka ACLs of each role (SPEC §4), planned and applied: schedulers, tickers and
+"""Least-authority Kafka ACLs of each role, planned and applied: schedulers, tickers and
 service producers. ``P`` is the role's principal; every entry is ALLOW from any host.
 
 A **scheduler**'s worker (:func:`plan_scheduler`, ``acl plan --app MOD:ATTR``)::

@@ -1,5 +1,5 @@
 """The transactional outbox: services enqueue transitions in their own DB transaction; a relay
-publishes them to Kafka (SPEC §5, "Outbox helper").
+publishes them to Kafka (README, "Outbox").
 
 What lives here:
 

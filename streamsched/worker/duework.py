@@ -6,7 +6,7 @@ the caller, so tests drive the index with any clock they like.
 Why it exists
 -------------
 Some work is due later than "now": a retry after backoff, a one-time job with a future due time,
-a queue deadline, a lease that must be reclaimed when it expires (SPEC §3). A worker must never
+a queue deadline, a lease that must be reclaimed when it expires. A worker must never
 sleep on such work while it holds a source partition: one long delay would block every healthy
 record behind it and pin a partition nobody else can take over.
 

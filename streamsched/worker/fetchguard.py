@@ -26,7 +26,7 @@ of the bad batch. So :class:`FetchGuard`:
 
 A one-off failure (the suspect reads cleanly) ends the suspicion after :data:`CAREFUL_S`.
 
-4. a record delivered twice in one fetch sequence (issue 8.5: the same partition, an offset below
+4. a record delivered twice in one fetch sequence (the same partition, an offset below
    ``next``, i.e. at or before an offset already handed on since the intake last sought) is
    dropped here, before the turn sees it, so it is never executed nor counted twice, and no
    commit watermark moves back. Kafka never does this on purpose, but a fetch answered twice
