@@ -11,7 +11,7 @@ dead letters. Layout: :mod:`.app` (server, pages), :mod:`.actions`, :mod:`.secur
 from __future__ import annotations
 
 from streamsched.ops.console.app import Console
-from streamsched.ops.console.state import ConsoleConfig
 from streamsched.ops.console.security import load_tokens
+from streamsched.ops.console.state import ConsoleConfig
 
 __all__ = ["Console", "ConsoleConfig", "load_tokens"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,8 @@ log = logging.getLogger("streamsched.console")
 
 DEAD_LETTERS_SHOWN = 100
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_CSRF: contextvars.ContextVar[str] = contextvars.ContextVar("console_csrf", default="")
+"""The CSRF token of the request being handled (the guard sets it, the templates' forms carry it)."""
 
 
 
@@ -51,7 +54,7 @@ def _environment() -> Environment:
 def render(request: web.Request, template: str, *, status: int = 200, **ctx: Any) -> web.Response:
     state = request.app[STATE]
     html = state.env.get_template(template).render(
-        csrf=request.get("csrf", ""), actions=state.config.allow_actions, path=request.path,
+        csrf=_CSRF.get(), actions=state.config.allow_actions, path=request.path,
         schedulers=[s.name for s in state.config.schedulers], catalogs=list(state.config.catalogs),
         sampler_error=state.sampler.last_error, **ctx)
     return web.Response(text=html, status=status, content_type="text/html")
@@ -65,7 +68,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not security.host_allowed(request.headers.get("Host"), state.config.host):
         return web.Response(status=421, text="this console answers to its loopback address only")
     cookie = request.cookies.get(security.CSRF_COOKIE)
-    request["csrf"] = cookie or security.new_csrf()
+    csrf = cookie or security.new_csrf()
+    _CSRF.set(csrf)  # the handler runs in this task: its forms carry this token
     try:
         response = await handler(request)
     except web.HTTPException as exc:  # a 404 or a refusal: its short text, with our headers
@@ -78,7 +82,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     for k, v in security.HEADERS.items():
         response.headers.setdefault(k, v)
     if cookie is None:
-        response.set_cookie(security.CSRF_COOKIE, request["csrf"], httponly=True, samesite="Strict",
+        response.set_cookie(security.CSRF_COOKIE, csrf, httponly=True, samesite="Strict",
                             path="/")
     return response
 
