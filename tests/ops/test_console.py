@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession
+from aiohttp import ClientSession, CookieJar
 from aiohttp.test_utils import TestClient, TestServer
+from yarl import URL
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.errors import ConfigError
@@ -245,7 +246,8 @@ async def test_pages_show_real_counts_and_actions_need_a_token(
                            tokens=load_tokens(None, {"STREAMSCHED_CONSOLE_TOKEN": TOKEN}), port=0,
                            sample_interval_s=0.5)
     caplog.set_level(logging.INFO, "streamsched.console")
-    async with Console(config) as console, ClientSession() as http:
+    # unsafe=True: the jar keeps cookies of an IP address (the console's 127.0.0.1).
+    async with Console(config) as console, ClientSession(cookie_jar=CookieJar(unsafe=True)) as http:
         async def sampled() -> bool:
             html = await (await http.get(console.url + "/")).text()
             return f'<td class="n committed">{scene.total}</td>' in html
@@ -263,7 +265,7 @@ async def test_pages_show_real_counts_and_actions_need_a_token(
         assert '<td id="outcome">FAILED</td>' in pages["identity"]
         pages["history"] = await (await http.get(f"{console.url}/schedules/{scene.catalog}/nightly")).text()
         # Disable the schedule: refused without the token, done with it.
-        csrf = http.cookie_jar.filter_cookies(console.url)[CSRF_COOKIE].value  # type: ignore[arg-type]
+        csrf = http.cookie_jar.filter_cookies(URL(console.url))[CSRF_COOKIE].value
         form = {"csrf": csrf, "catalog": scene.catalog, "name": "nightly", "op": "disable"}
         assert (await http.post(console.url + "/actions/schedule", data=form)).status == 403
         done = await http.post(console.url + "/actions/schedule", data={**form, "token": TOKEN})
