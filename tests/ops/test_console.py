@@ -7,9 +7,11 @@ headless Chromium (selenium), which also takes the screenshot in docs/console.pn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,19 +214,24 @@ class Scene:
         return self.good + 1
 
 
-async def make_scene(bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str],
-                     console: Console | None = None) -> Scene:
+async def make_scene(bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str], *,
+                     before_traffic: Callable[[SchedulerDef, str], Any] | None = None) -> Scene:
+    """The scene; ``before_traffic(scheduler, catalog name)`` may start a console first (then
+    the lag shows in its chart for a few samples before the worker drains it)."""
     topic = await make_topic("console", partitions=2)
     sched = failing_scheduler(topic, unique("console").replace("-", "_"))
+    catalog_name = unique("cc")
+    if before_traffic is not None:
+        await before_traffic(sched, catalog_name)
     good = [make_event("due", "MARKER-TENANT", [f"MARKER-TARGET-{i}"], payload={"p": "MARKER-PAYLOAD"})
             for i in range(6)]
     bad = make_event("due", "MARKER-TENANT", ["bad-MARKER-TARGET"], payload={"p": "MARKER-PAYLOAD"})
     await produce_events(bootstrap, topic, [*good, bad])
-    if console is not None:  # the lag shows in the chart before the worker drains it
-        await asyncio.sleep(1.5)
+    if before_traffic is not None:
+        await asyncio.sleep(3)  # a console's sampler sees the lag before the worker runs
     async with running_worker(sched, bootstrap):
         await wait_drained(bootstrap, sched.group, topic, timeout=90)
-    catalog = Catalog(bootstrap, unique("cc"), partitions=1, allow_single_replica=True)
+    catalog = Catalog(bootstrap, catalog_name, partitions=1, allow_single_replica=True)
     await catalog.ensure_topics()
     await catalog.schedule("nightly", "@every 1h", topic, {"p": "MARKER-SCHEDULE-PAYLOAD"},
                            tenant="MARKER-TENANT")
@@ -316,3 +323,100 @@ async def _noop(ctx: CommandContext) -> None:
                selection=Selection("due", type="due"), commands=[_noop])
 async def _handle(turn: Turn) -> None:
     await turn.commands._noop()
+
+
+# --- a real browser -------------------------------------------------------------------------------
+
+def _browser() -> Any:
+    """Headless Chromium through chromedriver (Debian's packages: `make chromium`)."""
+    selenium = pytest.importorskip("selenium", reason="selenium is not installed (pip install selenium)")
+    del selenium
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("chromium or chromedriver is missing (`make chromium` installs them where apt is)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1500",
+                "--disable-gpu"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def _browse(url: str, scene: Scene, shot: Path) -> dict[str, str]:
+    """Every page through the browser; the re-drive form refused with a wrong token, done with
+    the right one; the overview's screenshot into ``shot``. Returns each page's source."""
+    import time
+
+    from selenium.webdriver.common.by import By
+
+    browser = _browser()
+    pages: dict[str, str] = {}
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the overview fills in once the sampler has a sample
+            browser.get(url + "/")
+            cells = browser.find_elements(By.CSS_SELECTOR, "#overview td.committed")
+            if cells and cells[0].text == str(scene.total):
+                break
+            assert time.monotonic() < deadline, browser.page_source[:300]
+            time.sleep(0.5)
+        browser.save_screenshot(str(shot))
+        pages["/"] = browser.page_source
+        for path in PAGES[1:]:
+            browser.get(url + path)
+            pages[path] = browser.page_source
+        browser.get(url + "/schedulers")
+        committed = [int(c.text) for c in browser.find_elements(By.CSS_SELECTOR, "td.committed")]
+        assert sum(committed) == scene.total
+        assert browser.find_element(By.CSS_SELECTOR, ".lag").text == "0"
+        browser.get(url + "/dlq")
+        assert browser.find_element(By.CSS_SELECTOR, "th.total").text == "1"
+        assert browser.find_element(By.CSS_SELECTOR, '[data-kind="terminal"] .count').text == "1"
+        look = f"{url}/identity?scheduler={scene.sched.name}&identity={scene.failed_identity}"
+        browser.get(look)
+        assert browser.find_element(By.ID, "outcome").text == "FAILED"
+        pages["identity"] = browser.page_source
+
+        def redrive(token: str) -> str:
+            browser.get(look)
+            form = browser.find_element(By.ID, "redrive")
+            form.find_element(By.NAME, "token").send_keys(token)
+            form.find_element(By.NAME, "reason").send_keys("console test")
+            form.find_element(By.TAG_NAME, "button").click()
+            return str(browser.find_element(By.TAG_NAME, "body").text)
+
+        assert "a valid console token is needed" in redrive("not-the-token-at-all")
+        done = redrive(TOKEN)
+        assert "re-drive requested" in done and "console" in browser.find_element(By.ID, "principal").text
+        pages["redrive"] = browser.page_source
+        return pages
+    finally:
+        browser.quit()
+
+
+@pytest.mark.kafka
+async def test_a_real_browser_sees_real_counts_and_no_payload(
+        bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str], tmp_path: Path) -> None:
+    _browser().quit()  # skips before any traffic when there is no browser
+    shot = Path(os.environ.get("STREAMSCHED_CONSOLE_SCREENSHOT") or tmp_path / "console.png")
+    async with contextlib.AsyncExitStack() as stack:
+        consoles: list[Console] = []
+
+        async def start(sched: SchedulerDef, catalog: str) -> None:
+            config = ConsoleConfig(bootstrap, [sched], [catalog], allow_actions=True,
+                                   tokens=load_tokens(None, {"STREAMSCHED_CONSOLE_TOKEN": TOKEN}), port=0,
+                                   sample_interval_s=0.5)
+            consoles.append(await stack.enter_async_context(Console(config)))
+
+        scene = await make_scene(bootstrap, make_topic, unique, before_traffic=start)
+        # selenium blocks: it runs in a thread while this loop serves the console.
+        pages = await asyncio.to_thread(_browse, consoles[0].url, scene, shot)
+    assert shot.stat().st_size > 1000
+    assert_no_markers(pages)
+    # The re-drive reached the owner's delay topic as a request (applied when a worker runs).
+    async with running_worker(scene.sched, bootstrap):
+        await wait_drained(bootstrap, scene.sched.group, scene.sched.topic, timeout=90)
