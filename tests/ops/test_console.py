@@ -415,8 +415,14 @@ async def test_a_real_browser_sees_real_counts_and_no_payload(
         scene = await make_scene(bootstrap, make_topic, unique, before_traffic=start)
         # selenium blocks: it runs in a thread while this loop serves the console.
         pages = await asyncio.to_thread(_browse, consoles[0].url, scene, shot)
+        # The re-drive went to the owner as a request: a worker applies it and audits it under
+        # the token's label, which the identity page shows.
+        async with running_worker(scene.sched, bootstrap):
+            await wait_drained(bootstrap, scene.sched.group, scene.sched.topic, timeout=90)
+        async with ClientSession() as http:
+            look = f"{consoles[0].url}/identity?scheduler={scene.sched.name}&identity={scene.failed_identity}"
+            pages["audited"] = await (await http.get(look)).text()
+        assert '<td class="result">reopened</td>' in pages["audited"]
+        assert "<td>console</td>" in pages["audited"] and "console test" in pages["audited"]
     assert shot.stat().st_size > 1000
     assert_no_markers(pages)
-    # The re-drive reached the owner's delay topic as a request (applied when a worker runs).
-    async with running_worker(scene.sched, bootstrap):
-        await wait_drained(bootstrap, scene.sched.group, scene.sched.topic, timeout=90)
