@@ -32,6 +32,7 @@ from streamsched.ops.cli import main
 from streamsched.ops.console import Console, ConsoleConfig, load_tokens
 from streamsched.ops.console.app import build_app
 from streamsched.ops.console.charts import bar_chart, line_chart
+from streamsched.ops.console.sampler import Sample, Sampler
 from streamsched.ops.console.security import CSRF_COOKIE, principal
 from streamsched.ops.inspect import identity_of
 from streamsched.schedules.catalog import Catalog
@@ -185,6 +186,17 @@ def test_charts_escape_names_and_say_when_empty() -> None:
     assert "no samples yet" in str(line_chart("lag", {"a": []}))
     bars = str(bar_chart("per minute", [(0, 5, 1), (60, 2, 0)]))
     assert bars.count("<rect") == 1 + 4 and "5 executions" in bars
+
+
+def test_per_minute_counts_are_sample_differences_and_the_ring_is_bounded() -> None:
+    sampler = Sampler(UNREACHABLE, [], {}, keep=5)
+    # minute 0: committed 10 -> 14, dead 0 -> 1; minute 1: 14 -> 20, dead 1; minute 2: a replay
+    # moved the offsets back (counts 0, never negative).
+    for at, done, dead in ((0, 10, 0), (30, 14, 1), (70, 20, 1), (130, 5, 1), (150, 6, 3)):
+        sampler.ring.append(Sample(float(at), {"s": 0}, {"s": done}, {"s": dead}))
+    assert sampler.per_minute("s", now=150) == [(0, 4, 1), (60, 6, 0), (120, 0, 2)]
+    sampler.ring.append(Sample(200.0, {"s": 0}, {"s": 7}, {"s": 3}))
+    assert len(sampler.ring) == 5 and sampler.ring[0].at == 30.0
 
 
 def test_cli_refuses_actions_without_a_token(capsys: pytest.CaptureFixture[str],
