@@ -278,6 +278,7 @@ async def test_pages_show_real_counts_and_actions_need_a_token(
         committed = [int(x) for x in re.findall(r'<td class="n committed">(\d+)</td>', pages["/schedulers"])]
         assert sum(committed) == scene.total and len(committed) == 2
         assert '<th class="n total">1</th>' in pages["/dlq"] and 'data-kind="terminal"' in pages["/dlq"]
+        assert f"identity={scene.failed_identity}" in pages["/dlq"]
         assert 'data-schedule="nightly"' in pages["/schedules"]
         url = f"{console.url}/identity?scheduler={scene.sched.name}&identity={scene.failed_identity}"
         pages["identity"] = await (await http.get(url)).text()
@@ -388,9 +389,11 @@ def _browse(url: str, scene: Scene, shot: Path) -> dict[str, str]:
         browser.get(url + "/dlq")
         assert browser.find_element(By.CSS_SELECTOR, "th.total").text == "1"
         assert browser.find_element(By.CSS_SELECTOR, '[data-kind="terminal"] .count').text == "1"
-        look = f"{url}/identity?scheduler={scene.sched.name}&identity={scene.failed_identity}"
-        browser.get(look)
+        # The dead letter links to its identity's page (the digest, never what it is made of).
+        browser.find_element(By.CSS_SELECTOR, "a.identity").click()
         assert browser.find_element(By.ID, "outcome").text == "FAILED"
+        assert scene.failed_identity in browser.current_url
+        look = f"{url}/identity?scheduler={scene.sched.name}&identity={scene.failed_identity}"
         pages["identity"] = browser.page_source
 
         def redrive(token: str) -> str:

@@ -167,7 +167,7 @@ async def healthz(_request: web.Request) -> web.Response:
 
 def build_app(config: ConsoleConfig, sampler: Sampler | None = None) -> web.Application:
     """The aiohttp application (the sampler is started by :class:`Console`, not here)."""
-    tallies = {s.name: views.DeadLetterTally(config.bootstrap, s.dead_letter_topic)
+    tallies = {s.name: views.DeadLetterTally(config.bootstrap, s.dead_letter_topic, s)
                for s in config.schedulers}
     sampler = sampler or Sampler(config.bootstrap, config.schedulers, tallies,
                                  interval_s=config.sample_interval_s)

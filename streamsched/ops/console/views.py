@@ -16,7 +16,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from streamsched.errors import ConfigError
+from streamsched.errors import ConfigError, DecodeError
 from streamsched.kafka import clients, compat
 from streamsched.kafka.admin import partition_counts
 from streamsched.kafka.protocols import GroupConsumer
@@ -26,7 +26,8 @@ from streamsched.model.schedule import HistoryRow, ScheduleInfo
 from streamsched.ops.inspect import IdentityView, inspect_identity
 from streamsched.ops.replay import group_state
 from streamsched.schedules.catalog import Catalog
-from streamsched.wire.dead_letter import safe_text, view_dead_letter
+from streamsched.wire.dead_letter import DeadLetterView, safe_text, view_dead_letter
+from streamsched.wire.transition import decode_transition
 from streamsched.worker.app import SchedulerDef
 
 MAX_SCHEDULES = 500
@@ -164,6 +165,21 @@ class DeadLetterRow:
     attempt: int
     at_ns: int
     reason: str
+    identity: str | None = None
+    """The ``sched_`` digest of the original's identity (None: it does not decode, or is not the
+    scheduler's): the identity page's key, never the tenant or target it is made of."""
+
+
+def _identity(sched: SchedulerDef | None, view: DeadLetterView) -> str | None:
+    if sched is None or view.source_topic != sched.topic or not view.original:
+        return None
+    try:
+        ev = decode_transition(view.original)
+    except DecodeError:
+        return None
+    if not sched.selection.matches(ev):
+        return None
+    return sched.resolve_identity(ev.due_ns, ev.tenant, tuple(ev.target))
 
 
 @dataclass
@@ -177,6 +193,8 @@ class DeadLetterTally:
 
     bootstrap: clients.Conn
     topic: str
+    scheduler: SchedulerDef | None = None
+    """Resolves each original's identity (as ``redrive --from-dlq`` does) for the page's link."""
     counts: Counter[str] = field(default_factory=Counter)
     newest: deque[DeadLetterRow] = field(default_factory=lambda: deque(maxlen=NEWEST_DEAD_LETTERS))
     positions: dict[int, int] = field(default_factory=dict)
@@ -235,7 +253,7 @@ class DeadLetterTally:
                     self.counts[v.kind] += 1
                     self.newest.append(DeadLetterRow(v.partition, v.offset, v.kind, v.source_topic,
                                                      v.source_partition, v.source_offset, v.attempt,
-                                                     v.at_ns, v.reason))
+                                                     v.at_ns, v.reason, _identity(self.scheduler, v)))
                 budget -= len(records)
             self.positions[tp.partition] = await consumer.position(tp)
             if self.positions[tp.partition] < end[tp]:
