@@ -34,6 +34,7 @@ from streamsched.ops.console.app import build_app
 from streamsched.ops.console.charts import bar_chart, line_chart
 from streamsched.ops.console.sampler import Sample, Sampler
 from streamsched.ops.console.security import CSRF_COOKIE, principal
+from streamsched.ops.console.state import STATE
 from streamsched.ops.inspect import identity_of
 from streamsched.schedules.catalog import Catalog
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
@@ -227,9 +228,10 @@ class Scene:
 
 
 async def make_scene(bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str], *,
-                     before_traffic: Callable[[SchedulerDef, str], Any] | None = None) -> Scene:
-    """The scene; ``before_traffic(scheduler, catalog name)`` may start a console first (then
-    the lag shows in its chart for a few samples before the worker drains it)."""
+                     before_traffic: Callable[[SchedulerDef, str], Any] | None = None,
+                     before_worker: Callable[[], Any] | None = None) -> Scene:
+    """The scene; ``before_traffic(scheduler, catalog name)`` may start a console first, and
+    ``before_worker()`` wait until its sampler saw the lag (then the chart shows it)."""
     topic = await make_topic("console", partitions=2)
     sched = failing_scheduler(topic, unique("console").replace("-", "_"))
     catalog_name = unique("cc")
@@ -239,8 +241,8 @@ async def make_scene(bootstrap: str, make_topic: TopicFactory, unique: Callable[
             for i in range(6)]
     bad = make_event("due", "MARKER-TENANT", ["bad-MARKER-TARGET"], payload={"p": "MARKER-PAYLOAD"})
     await produce_events(bootstrap, topic, [*good, bad])
-    if before_traffic is not None:
-        await asyncio.sleep(3)  # a console's sampler sees the lag before the worker runs
+    if before_worker is not None:
+        await before_worker()
     async with running_worker(sched, bootstrap):
         await wait_drained(bootstrap, sched.group, topic, timeout=90)
     catalog = Catalog(bootstrap, catalog_name, partitions=1, allow_single_replica=True)
@@ -353,7 +355,7 @@ def _browser() -> Any:
         pytest.skip("chromium or chromedriver is missing (`make chromium` installs them where apt is)")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1500",
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900",
                 "--disable-gpu"):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(driver), options=options)
@@ -427,7 +429,16 @@ async def test_a_real_browser_sees_real_counts_and_no_payload(
                                    sample_interval_s=0.5)
             consoles.append(await stack.enter_async_context(Console(config)))
 
-        scene = await make_scene(bootstrap, make_topic, unique, before_traffic=start)
+        async def lag_sampled() -> None:
+            sampler = consoles[0].app[STATE].sampler
+
+            async def seen() -> bool:  # a few samples with the whole backlog as lag
+                return sum(1 for s in sampler.ring if sum(s.lag.values()) == 7) >= 4
+
+            await wait_for(seen, timeout=30, what="the sampler to see the backlog")
+
+        scene = await make_scene(bootstrap, make_topic, unique, before_traffic=start,
+                                 before_worker=lag_sampled)
         # selenium blocks: it runs in a thread while this loop serves the console.
         pages = await asyncio.to_thread(_browse, consoles[0].url, scene, shot)
         # The re-drive went to the owner as a request: a worker applies it and audits it under
