@@ -366,7 +366,9 @@ def _browse(url: str, scene: Scene, shot: Path) -> dict[str, str]:
     the right one; the overview's screenshot into ``shot``. Returns each page's source."""
     import time
 
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
 
     browser = _browser()
     pages: dict[str, str] = {}
@@ -393,22 +395,25 @@ def _browse(url: str, scene: Scene, shot: Path) -> dict[str, str]:
         assert browser.find_element(By.CSS_SELECTOR, '[data-kind="terminal"] .count').text == "1"
         # The dead letter links to its identity's page (the digest, never what it is made of).
         browser.find_element(By.CSS_SELECTOR, "a.identity").click()
-        assert browser.find_element(By.ID, "outcome").text == "FAILED"
+        WebDriverWait(browser, 30, ignored_exceptions=[NoSuchElementException]).until(
+            lambda b: b.find_element(By.ID, "outcome").text == "FAILED")
         assert scene.failed_identity in browser.current_url
         look = f"{url}/identity?scheduler={scene.sched.name}&identity={scene.failed_identity}"
         pages["identity"] = browser.page_source
 
-        def redrive(token: str) -> str:
+        def redrive(token: str, expect: str) -> None:
             browser.get(look)
             form = browser.find_element(By.ID, "redrive")
             form.find_element(By.NAME, "token").send_keys(token)
             form.find_element(By.NAME, "reason").send_keys("console test")
             form.find_element(By.TAG_NAME, "button").click()
-            return str(browser.find_element(By.TAG_NAME, "body").text)
+            # Until the answer page has loaded (the form's page goes stale meanwhile).
+            WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException]).until(
+                lambda b: expect in b.find_element(By.TAG_NAME, "body").text)
 
-        assert "a valid console token is needed" in redrive("not-the-token-at-all")
-        done = redrive(TOKEN)
-        assert "re-drive requested" in done and "console" in browser.find_element(By.ID, "principal").text
+        redrive("not-the-token-at-all", "a valid console token is needed")
+        redrive(TOKEN, "re-drive requested")
+        assert browser.find_element(By.ID, "principal").text == "console"
         pages["redrive"] = browser.page_source
         return pages
     finally:
