@@ -355,7 +355,7 @@ def _browser() -> Any:
         pytest.skip("chromium or chromedriver is missing (`make chromium` installs them where apt is)")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900",
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1180",
                 "--disable-gpu"):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(driver), options=options)
