@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv jars lint promtool metrics-doc test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
+.PHONY: venv jars lint promtool chromium metrics-doc test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,14 @@ promtool:
 	  systemctl disable --now prometheus >/dev/null 2>&1 || true; exit $$rc; \
 	else echo "promtool not found and not installable here (needs apt-get as root): the alert-rule tests skip"; fi
 
+# chromium + chromedriver (Debian packages) run the console's browser test headless; that test
+# skips, saying why, where they are missing. Installed only with apt-get as root.
+chromium:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver; \
+	else echo "chromium/chromedriver not found and not installable here (needs apt-get as root): the console's browser test skips"; fi
+
 # docs/metrics.md is generated from the declaration in streamsched/metrics.py (a test compares them).
 metrics-doc: venv
 	$(BIN)/python -c "from streamsched.metrics import reference_markdown as r; open('docs/metrics.md', 'w').write(r())"
@@ -42,7 +50,7 @@ lint: venv
 	$(BIN)/ruff check streamsched tests consumers bench scripts examples
 	$(BIN)/mypy
 
-test: venv jars lint promtool
+test: venv jars lint promtool chromium
 	$(BIN)/python -m pytest -q -ra
 	$(MAKE) --no-print-directory test-kafka-other
 

@@ -1,5 +1,5 @@
-"""``streamsched`` command line: broker, topics, run, emit, status, inspect, redrive, dlq, schedule,
-outbox, replay, acl.
+"""``streamsched`` command line: broker, topics, run, emit, status, inspect, redrive, console, dlq,
+schedule, outbox, replay, acl.
 
 Every failure is one line on stderr with a documented exit code (:data:`EXIT_CODES`).
 

@@ -309,3 +309,36 @@ def cmd_acl(args: argparse.Namespace) -> int:
     from streamsched.ops.acl import run_acl
 
     return run_acl(args)
+
+
+# --- console --------------------------------------------------------------------------------------
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """Serve the web console until SIGTERM/SIGINT (see :mod:`streamsched.ops.console`)."""
+    import logging
+
+    from streamsched.ops.console import Console, ConsoleConfig, load_tokens
+
+    if not 0 < args.sample_interval <= 3600:
+        raise ConfigError("--sample-interval must be in (0, 3600] seconds")
+    schedulers = [s for ref in args.app or () for s in load_app(ref).schedulers.values()]
+    catalogs = list(dict.fromkeys(args.catalog or ()))
+    for name in catalogs:
+        from streamsched.model.names import validate_name
+
+        validate_name(name, "catalog")
+    tokens = load_tokens(args.token_file) if args.allow_actions else ()
+    config = ConsoleConfig(connect(args), schedulers, catalogs, allow_actions=args.allow_actions,
+                           tokens=tokens, host=args.host, port=args.port,
+                           sample_interval_s=args.sample_interval)
+
+    async def main() -> None:
+        stop = stop_on_signals()
+        async with Console(config) as console:
+            print(json.dumps({"console_url": console.url, "actions": config.allow_actions}),
+                  file=sys.stderr, flush=True)
+            await stop.wait()
+
+    configure_logging()
+    logging.getLogger("streamsched.console").setLevel(logging.INFO)  # every action, with its principal
+    return run_service(main)

@@ -13,6 +13,7 @@ from streamsched.ops.acl import add_acl_arguments
 from streamsched.ops.cli.commands import (
     cmd_acl,
     cmd_broker,
+    cmd_console,
     cmd_dlq,
     cmd_inspect,
     cmd_outbox,
@@ -315,6 +316,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="progress on stderr (default: on large state partitions)")
     add_connection_options(rd)
     rd.set_defaults(fn=cmd_redrive)
+
+    co = sub.add_parser("console", help="a web console reading Kafka: schedulers, schedules, dead letters, "
+                        "identities and charts (read-only unless --allow-actions)")
+    co.add_argument("--app", action="append", default=None, metavar="MODULE:ATTR",
+                    help="an app whose schedulers to show (repeatable)")
+    co.add_argument("--catalog", action="append", default=None, metavar="NAME",
+                    help="a schedule catalog to show (repeatable)")
+    co.add_argument("--host", default="127.0.0.1",
+                    help="address to bind (default 127.0.0.1; bound to loopback, only loopback host names "
+                         "are answered)")
+    co.add_argument("--port", type=int, default=9480, help="port to bind (default 9480; 0: a free one)")
+    co.add_argument("--sample-interval", type=float, default=5.0, metavar="SECONDS",
+                    help="how often the chart sampler reads lag, offsets and dead letters (default 5)")
+    co.add_argument("--allow-actions", action="store_true",
+                    help="offer re-drive, schedule enable/disable and dead-letter replay; each needs a token "
+                         "(default: read-only, actions refused with 403)")
+    co.add_argument("--token-file", default=None, metavar="FILE",
+                    help="action tokens, one a line: LABEL TOKEN or TOKEN (label console); the env "
+                         "STREAMSCHED_CONSOLE_TOKEN adds one more (label console)")
+    add_connection_options(co)
+    co.set_defaults(fn=cmd_console)
 
     ac = sub.add_parser("acl", help=ACL_HELP)
     add_acl_arguments(ac)  # with the connection options
