@@ -83,6 +83,8 @@ RETENTION_MARGIN = 0.1
 """Fraction of delete.retention.ms (at least an hour) a store must be younger than beyond it."""
 DIRTY_MAX = 4096
 """Snapshots held for the next checkpoint at most before they are written ahead of it."""
+WRITE_RECORDS = 4096
+"""Records gathered from the reader's pages into one write (and one checkpoint) of a restore."""
 ENTRY_OVERHEAD = 480
 """Bytes a cached snapshot costs beyond its wire size (objects, strings, the LRU's entry)."""
 
@@ -251,11 +253,10 @@ class ClaimStore(StateBase):
 
     # --- restore -------------------------------------------------------------------------------------
 
-    def _page_batch(self, records: list[Any], position: int, at_ms: int) -> Any:
-        import rocksdict
-
-        wb = rocksdict.WriteBatch(raw_mode=True)
-        put, delete, prefix = wb.put, wb.delete, CLAIM_PREFIX
+    def _add_page(self, wb: Any, records: list[Any]) -> None:
+        """The page's records into ``wb``: a snapshot is put as its bytes (never decoded here),
+        a tombstone deletes, anything else is counted as corrupt and skipped."""
+        put, delete, prefix, n = wb.put, wb.delete, CLAIM_PREFIX, len(CLAIM_PREFIX)
         bad = 0
         for rec in records:
             key, value = rec.key, rec.value
@@ -263,28 +264,47 @@ class ClaimStore(StateBase):
                 bad += 1
             elif value is None:
                 delete(key)
-            elif value.startswith(prefix):
+            elif value[:n] == prefix:
                 put(key, value)
             else:
                 bad += 1  # not a claim snapshot: the identity keeps its previous one
-        wb.put(CHECKPOINT_KEY, _CHECKPOINT.pack(position, at_ms))
         self.corrupt += bad
         self.restored_records += len(records) - bad
-        return wb
+
+    async def _write_behind(self, wb: Any, position: int, at_ms: int) -> None:
+        """``wb`` with the checkpoint ``position`` to the env's writer thread, once the write
+        before it is done (one write in flight, so they land in order)."""
+        wb.put(CHECKPOINT_KEY, _CHECKPOINT.pack(position, at_ms))
+        if self._writing is not None:
+            await asyncio.wrap_future(self._writing)
+        self._writing = self.env.executor.submit(self._db.write, wb)
 
     async def catch_up(self, reader: PartitionReader, start: int, end: int, progress: Progress) -> None:
-        """Apply ``[start, end)`` of the changelog page by page; the checkpoint moves with each page.
+        """Apply ``[start, end)`` of the changelog; the checkpoint moves with each write.
 
-        A page is written by the env's writer thread while the next one is fetched and built
-        (one write in flight, so pages land in order)."""
+        The reader's pages are small (:func:`~streamsched.kafka.changelog.page_size`); they are
+        gathered into one write of about :data:`WRITE_RECORDS`, written by the env's writer
+        thread while the next pages are fetched and gathered. Each page is dropped once it is
+        in the batch (its records never outlive the collector's youngest generation)."""
+        import rocksdict
+
         at_ms = int(time.time() * 1000)  # records at or after ``end`` are written after this
+        wb: Any = None
+        gathered = 0
         try:
             async for records, position in reader.pages(start, end):
-                wb = self._page_batch(records, position, at_ms)
-                if self._writing is not None:
-                    await asyncio.wrap_future(self._writing)
-                self._writing = self.env.executor.submit(self._db.write, wb)
-                progress.page(len(records), position)
+                if wb is None:
+                    wb = rocksdict.WriteBatch(raw_mode=True)
+                self._add_page(wb, records)
+                gathered += len(records)
+                del records
+                if gathered >= WRITE_RECORDS:
+                    await self._write_behind(wb, position, at_ms)
+                    progress.page(gathered, position)
+                    wb, gathered = None, 0
+            if wb is not None:
+                await self._write_behind(wb, position, at_ms)
+                progress.page(gathered, position)
             if self._writing is not None:
                 await asyncio.wrap_future(self._writing)
             self._writing = None
