@@ -276,7 +276,11 @@ class ClaimStore(StateBase):
         before it is done (one write in flight, so they land in order)."""
         wb.put(CHECKPOINT_KEY, _CHECKPOINT.pack(position, at_ms))
         if self._writing is not None:
-            await asyncio.wrap_future(self._writing)
+            if self._writing.done():  # the usual case: no wake-up from the writer thread needed
+                self._writing.result()  # raises if it failed
+                await asyncio.sleep(0)  # still let the worker's other partitions run between writes
+            else:
+                await asyncio.wrap_future(self._writing)
         self._writing = self.env.executor.submit(self._db.write, wb)
 
     async def catch_up(self, reader: PartitionReader, start: int, end: int, progress: Progress) -> None:
