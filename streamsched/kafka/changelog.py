@@ -18,6 +18,8 @@ answers three questions about a topic:
 
 :meth:`PartitionReader.pages` streams a partition from an offset to its end, a bounded page at a
 time, so a restore never holds the whole partition: the caller applies each page and lets it go.
+Pages are small (:func:`page_size`, 233 records by default) so that their records die young,
+before the cyclic collector promotes them; a store batches several pages into one write.
 A restore has no total deadline (a big partition takes as long as it takes); it fails only when
 the position stops advancing for ``stall_s``, and a retry resumes from the store's checkpoint.
 """
