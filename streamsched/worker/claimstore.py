@@ -28,6 +28,19 @@ records and one commit marker); aborted transactions only push the true end furt
 counts that (the turn calls ``stage``/``commit_staged``) and writes C with the transaction's
 snapshots; C can lag the truth (a restart then replays a few records more) but never lead it.
 
+**Restore write path.** A cold restore is CPU-bound on the worker's one Python thread, which
+also parses every record in aiokafka; the store keeps its own share of that thread small. Pages
+of about 233 records (under the cyclic collector's youngest generation, see
+:func:`~streamsched.kafka.changelog.page_size`) are put into a RocksDB ``WriteBatch`` as they
+come, values as their bytes (a prefix check, no decoding), and each ~4096 records go to the
+writer thread as one write with the checkpoint, while the next pages are read (one write in
+flight). The store is in *bulk* mode meanwhile: vector memtable, no compactions, no WAL. A crash
+loses the memtables not yet flushed, which leaves a prefix of the writes, each with its own
+checkpoint: a consistent older store, which the next start continues warm (or restores cold
+when it is not trusted, e.g. nothing was flushed yet, not even the header); the changelog holds
+everything. Before a write that has a WAL (the turn's), everything is flushed and the store
+reopened normally (:meth:`ClaimStore._settle`), so a WAL never covers data the memtable lost.
+
 Memory: a Python cache of decoded snapshots bounded in bytes (``cache_bytes`` per partition,
 least recently used out), plus RocksDB's block cache and memtables, shared by every partition
 of a worker and bounded (:class:`StoreEnv`).
