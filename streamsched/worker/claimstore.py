@@ -46,11 +46,14 @@ least recently used out), plus RocksDB's block cache and memtables, shared by ev
 of a worker and bounded (:class:`StoreEnv`).
 
 Measured (bench/restore.py, 1,000,000 identities over 8 partitions, one worker process, this
-2-core machine shared with the broker; medians of 3 after a warm-up, three runs on 2026-12-03):
-RSS 161-186 MB once restored (peak about 200 MB); cold restore 2.6-2.7 s against 1.4-1.7 s for
-a bare aiokafka read of the same partitions (ratio 0.56-0.62: both are CPU-bound in aiokafka's
-record parsing; the store adds the page loop and RocksDB's flushes on the same 2 cores); warm
-restart to ready 0.60-0.69 s.
+2-core machine shared with the broker and other jobs; medians of 3 after a warm-up, 2026-12-04,
+before and after the small pages, run back to back): cold restore 4.5-4.8 s against 9.3-11.9 s
+before, under a load average of 5-17 (raw read 3.0-3.5 s, ratio 0.67-0.73, before 0.40-0.48);
+RSS 136-191 MB once restored (peak about 210 MB, as before); warm restart to ready 1.2-2.3 s at
+that load. Where the time went before (1M records, in a worker process): 1.5-1.6 s of cyclic
+collections (pages of 4096 records promoted through every generation), now 0.06-0.15 s; the
+store's own Python share is about 0.15 s (the batch) and RocksDB's flushes about 0.8 CPU-s on
+its background thread; the rest is aiokafka's per-record parsing, which the raw read pays too.
 
 Why one module above ~400 lines: the trust rules (header, checkpoint, staged counting) and the
 reads/writes they guard are one invariant; the engine tuning already lives in
