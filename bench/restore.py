@@ -12,6 +12,8 @@ that scheduler (a real process, ``--store-dir``, an empty transition topic) and 
 * ``ratio_restore_to_raw`` = raw_read_s / cold_restore_s (1.0: restoring costs nothing more).
 * ``rss_mb``: the worker's resident memory once restored and running (``rss_peak_mb``: VmHWM).
 * ``warm_restart_s``: SIGTERM, then a new process on the same store, start to ``/readyz``.
+* ``load_avg``: the machine's 1-minute load average when the rounds start and when they end
+  (the figures above are only comparable between runs under similar load).
 
 Every figure is the median of ``--rounds`` rounds (the range is printed too) after a warm-up
 round that is not counted. Usage::
@@ -190,6 +192,7 @@ async def main(bootstrap: str, identities: int, rounds: int, workdir: Path) -> d
     seed_s = await seed(bootstrap, s.state_topic, identities)
     print(f"seeded {identities} identities in {seed_s:.1f}s", file=sys.stderr)
 
+    load_start = os.getloadavg()[0]
     raw: list[float] = []
     cold: list[float] = []
     cold_ready: list[float] = []
@@ -239,6 +242,7 @@ async def main(bootstrap: str, identities: int, rounds: int, workdir: Path) -> d
         "range": {"cold_restore_s": spread(cold), "raw_read_s": spread(raw), "warm_restart_s": spread(warm),
                   "rss_mb": spread(rss)},
         "seed_s": round(seed_s, 1),
+        "load_avg": [round(load_start, 2), round(os.getloadavg()[0], 2)],
     }
 
 

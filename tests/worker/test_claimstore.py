@@ -113,6 +113,58 @@ async def test_cold_restore_applies_pages_tombstones_and_skips_corrupt_records(e
     store.close()
 
 
+async def test_small_pages_are_gathered_into_writes_each_with_its_checkpoint(
+        env: StoreEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamsched.metrics import Metrics
+    from streamsched.worker import claimstore
+
+    monkeypatch.setattr(claimstore, "WRITE_RECORDS", 7)
+    written: list[int] = []
+    write_behind = ClaimStore._write_behind
+
+    async def spy(self: ClaimStore, wb: object, position: int, at_ms: int) -> None:
+        written.append(position)
+        await write_behind(self, wb, position, at_ms)
+
+    monkeypatch.setattr(ClaimStore, "_write_behind", spy)
+    a1, a2, b = resolved("sched_a", 1, NOW), resolved("sched_a", 2, NOW), resolved("sched_b", 1, NOW)
+    c = resolved("sched_c", 3, NOW)
+    # Within one gathered write: a put, a tombstone and a later put of one key (the last wins),
+    # and a key put then tombstoned (gone); then 13 more identities over later writes.
+    records = [rec(a1), rec(b), Rec(b"sched_a", None), rec(c), rec(a2), Rec(b"sched_b", None),
+               Rec(b"sched_c", b"\x00x")]
+    records += [rec(resolved(f"sched_{i:02d}", 1, NOW)) for i in range(13)]
+    metrics = Metrics("s")
+    store = ClaimStore(env, "state.t", 0)
+    await store.in_thread(store.wipe, IDENT)
+    progress = Progress(metrics, "state.t", 0, 0, len(records), "cold")
+    await store.catch_up(FakeReader(records), 0, len(records), progress)  # type: ignore[arg-type]
+    assert written == [9, 18, 20]  # pages of 3 gathered to at least 7, then the rest
+    assert metrics.counters["restore_records{partition=0}"] == 20
+    assert metrics.gauges["restore_remaining{partition=0}"] == 0
+    assert store.get("sched_a") == a2 and store.get("sched_b") == ClaimState("sched_b")
+    assert store.get("sched_c") == c and store.corrupt == 1  # the bad record kept c's snapshot
+    assert store.get("sched_12") == resolved("sched_12", 1, NOW)
+    assert store.restored_records == 19 and store.read_checkpoint() == (20, store.checkpoint_at_ms)
+    store.close()
+
+
+def test_restore_pages_stay_under_the_collectors_youngest_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from streamsched.kafka import changelog
+
+    monkeypatch.setattr(gc, "get_threshold", lambda: (700, 10, 10))
+    assert changelog.page_size() == 233  # two pages alive at once stay under 700 objects
+    monkeypatch.setattr(gc, "get_threshold", lambda: (30, 10, 10))
+    assert changelog.page_size() == changelog.PAGE_RECORDS_MIN
+    monkeypatch.setattr(gc, "get_threshold", lambda: (100_000, 10, 10))
+    assert changelog.page_size() == changelog.PAGE_RECORDS_MAX
+    monkeypatch.setattr(gc, "get_threshold", lambda: (700, 10, 10))
+    monkeypatch.setattr(gc, "isenabled", lambda: False)
+    assert changelog.page_size() == changelog.PAGE_RECORDS_MAX  # no collector: pages as big as fetches
+
+
 async def test_checkpoint_moves_by_records_plus_marker_and_survives_reopen(env: StoreEnv) -> None:
     store = await restored(env, [rec(resolved(f"sched_{i}", 1, NOW)) for i in range(5)])
     assert store.offset == 5
