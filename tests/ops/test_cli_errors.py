@@ -191,3 +191,23 @@ def test_a_ticker_ignores_the_workers_claim_store_directory(monkeypatch: pytest.
     config = ticker_config("127.0.0.1:9092")
     assert config.session_timeout_ms == 7000
     assert not (blocker.parent / "stores").exists()
+
+
+@pytest.mark.parametrize(("var", "value", "says"), [
+    ("STREAMSCHED_STATUS_PORT", "abc", "STREAMSCHED_STATUS_PORT) must be an integer in 0..65535"),
+    ("STREAMSCHED_REPLICATION", "x", "STREAMSCHED_REPLICATION) must be an integer in 1..16"),
+])
+def test_a_bad_numeric_variable_is_a_usage_error_only_for_the_command_that_reads_it(
+        var: str, value: str, says: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from streamsched.ops.cli import main
+
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as version:
+        main(["--version"])
+    assert version.value.code == 0  # a command that does not read it is unaffected
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as run:
+        main(["run", "consumers.due_runs:app", "--bootstrap", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert run.value.code == 2 and says in err and "Traceback" not in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 from streamsched.errors import ConfigError
 from streamsched.kafka.version import TESTED_KAFKA_VERSIONS
@@ -78,11 +79,29 @@ def _horizon(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _int_in(name: str, low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer within [low, high]. A default from the environment is a
+    string argparse converts with it only when the flag is absent, so a bad variable is a usage
+    error (exit 2) naming the variable, and commands that never read it are unaffected."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer in {low}..{high}, not {text!r}")
+        return value
+
+    return convert
+
+
 def _add_status_options(p: argparse.ArgumentParser, *, port_from_env: bool) -> None:
     # Only `run` reads STREAMSCHED_STATUS_PORT: a worker and a ticker started from one
     # environment must not both try to bind it.
     env_port = os.environ.get("STREAMSCHED_STATUS_PORT") if port_from_env else None
-    p.add_argument("--status-port", type=int, default=int(env_port) if env_port else None,
+    p.add_argument("--status-port", type=_int_in("the status port (STREAMSCHED_STATUS_PORT)", 0, 65535),
+                   default=env_port or None,
                    help="serve /status (JSON), /metrics (Prometheus), /healthz and /readyz on this port"
                         + (" (env STREAMSCHED_STATUS_PORT)" if port_from_env else "") + "; default: none")
     p.add_argument("--status-host", default=os.environ.get("STREAMSCHED_STATUS_HOST", "127.0.0.1"),
@@ -153,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("app", help="MODULE:ATTR of a streamsched.App")
     r.add_argument("--scheduler", default=None, help="run only this scheduler of the app (default: all)")
     env_rf = os.environ.get("STREAMSCHED_REPLICATION")
-    r.add_argument("--replication", type=int, default=int(env_rf) if env_rf else None,
+    r.add_argument("--replication", type=_int_in("the replication factor (STREAMSCHED_REPLICATION)", 1, 16),
+                   default=env_rf or None,
                    help="replication factor of the state, dead-letter and delay topics the worker creates "
                         "(env STREAMSCHED_REPLICATION; default min(3, brokers), min.insync.replicas "
                         "min(2, replication)); an explicit one also refuses existing topics that differ")
