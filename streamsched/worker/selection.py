@@ -19,7 +19,6 @@ from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.model.event import TransitionEvent
-from streamsched.model.identity import route_key
 from streamsched.model.limits import MAX_PARK_S
 from streamsched.wire.dead_letter import NO_VALUE_REASON
 from streamsched.wire.partitioner import partition_for_key
@@ -102,8 +101,7 @@ def classify(s: SchedulerDef, rec: ConsumerRecord) -> Item:
     if not s.selection.matches(ev):
         return Item(rec, ev)
     try:
-        identity = s.resolve_identity(ev.due_ns, ev.tenant, ev.target)
-        expected_key = route_key(ev.tenant, ev.target)
+        identity, expected_key = s.resolve_identity.with_route_key(ev.due_ns, ev.tenant, ev.target)
     except StreamschedError as exc:
         return Item(rec, ev, dead=("bound", exc.kind))
     if rec.key != expected_key:
