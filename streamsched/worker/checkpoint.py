@@ -92,9 +92,10 @@ class Checkpoint:
         """Write a claim snapshot to the state topic (and remember its bytes for the store)."""
         s = self._settings
         self.view[st.identity] = st
-        raw = encode_claim(st)
+        key = st.identity.encode()
+        raw = encode_claim(st, key)
         self._encoded[st.identity] = (st, raw)
-        self.writer.add(s.state_topic, raw, key=st.identity.encode(), partition=s.partition)
+        self.writer.add(s.state_topic, raw, key=key, partition=s.partition)
         s.state.stage()
 
     def count(self, records: int, value_bytes: int) -> None:
