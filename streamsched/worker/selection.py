@@ -19,6 +19,7 @@ from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.model.event import TransitionEvent
+from streamsched.model.fastinit import fast_init
 from streamsched.model.limits import MAX_PARK_S
 from streamsched.wire.dead_letter import NO_VALUE_REASON
 from streamsched.wire.partitioner import partition_for_key
@@ -32,6 +33,7 @@ def _home_partition(key: bytes, partitions: int) -> int:
     return partition_for_key(key, partitions)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Item:
     """Step 1's verdict on one record of a batch (immutable: a later stage makes a new value,

@@ -20,6 +20,7 @@ from streamsched.kafka.protocols import TransactionalProducer
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
 from streamsched.model.event import TransitionEvent
+from streamsched.model.fastinit import fast_init
 from streamsched.model.limits import MAX_DELIVERY_ATTEMPTS
 from streamsched.model.retry import RetryPolicy
 from streamsched.wire.dead_letter import ATTEMPTS_EXHAUSTED, ATTEMPTS_EXHAUSTED_REASON
@@ -31,6 +32,7 @@ from streamsched.worker.records import Records
 from streamsched.worker.selection import Batch, Item
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """Step 3: a leader and the fenced claim it acquired. Every later write of the item
@@ -47,6 +49,7 @@ class Claim:
         return self.item.identity
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Resolved:
     """Step 4: a claim and what its execution decided (written by step 5)."""
