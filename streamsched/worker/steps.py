@@ -136,11 +136,14 @@ class PartitionSteps:
         # run concurrently for good: handlers of one batch still all run at once whenever any waits.
         done: list[Resolved] = []
         rest: list[asyncio.Task[Resolved]] = []
-        for i, c in enumerate(claims):
-            def start_rest(later: list[Claim] = claims[i + 1:]) -> None:
-                self.concurrent = True
-                rest.extend(asyncio.ensure_future(self.execute(x)) for x in later)
+        i = 0
 
+        def start_rest() -> None:
+            # Called at most once, by the item that suspends (item ``i``: the one running then).
+            self.concurrent = True
+            rest.extend(asyncio.ensure_future(self.execute(x)) for x in claims[i + 1:])
+
+        for i, c in enumerate(claims):  # noqa: B007 - ``i`` is read by start_rest
             try:
                 done.append(await self.execute(c, on_suspend=start_rest))
             except BaseException:
