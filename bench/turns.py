@@ -43,10 +43,11 @@ Keys: ``<contender>_per_s`` rates (``native_p8_per_s``, ``external_p8_per_s``, `
 ``broker_cpu_ms_per_item`` for the native workload (``*_external`` for the external one, ``b3_*``
 for B3); ``p50_ms``/``p99_ms`` end-to-end latency of the native workload at half its measured
 rate (``*_external_ms`` likewise), and where it goes: ``latency_stages_native_ms`` and
-``latency_stages_external_ms``, each stage's p50 and p99 (:data:`STAGES`); ``ratio_native_to_b3``, ``ratio_external_to_b3``,
-``ratio_external_to_b3_txn8``; ``ratio_p8_to_b2`` = external / B2 (issue 7's p8 was the external
-no-op workload). The pre-issue-10 version reported the worker's per-item ``turn_ms`` quantiles as
-p50/p99 (execution only, not end to end) and a B1 timed over a few fetches: not comparable.
+``latency_stages_external_ms``, each stage's p50 and p99 (:data:`STAGES`);
+``ratio_native_to_b3``, ``ratio_external_to_b3``, ``ratio_external_to_b3_txn8``;
+``ratio_p8_to_b2`` = external / B2 (issue 7's p8 was the external no-op workload). The
+pre-issue-10 version reported the worker's per-item ``turn_ms`` quantiles as p50/p99 (execution
+only, not end to end) and a B1 timed over a few fetches: not comparable.
 
 Usage: ``python bench/turns.py [--bootstrap HOST:PORT] [--records N] [--rounds R] [--quick]``.
 Without ``--bootstrap`` a fresh local broker is started (its pid is then known; with
