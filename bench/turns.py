@@ -42,10 +42,12 @@ Keys: ``<contender>_per_s`` rates (``native_p8_per_s``, ``external_p8_per_s``, `
 ``b2_per_s``, ``b3_per_s``, ``b3_txn8_per_s``); ``worker_cpu_ms_per_item`` and
 ``broker_cpu_ms_per_item`` for the native workload (``*_external`` for the external one, ``b3_*``
 for B3); ``p50_ms``/``p99_ms`` end-to-end latency of the native workload at half its measured
-rate (``*_external_ms`` likewise); ``ratio_native_to_b3``, ``ratio_external_to_b3``,
-``ratio_external_to_b3_txn8``; ``ratio_p8_to_b2`` = external / B2 (issue 7's p8 was the external
-no-op workload). The pre-issue-10 version reported the worker's per-item ``turn_ms`` quantiles as
-p50/p99 (execution only, not end to end) and a B1 timed over a few fetches: not comparable.
+rate (``*_external_ms`` likewise), and where it goes: ``latency_stages_native_ms`` and
+``latency_stages_external_ms``, each stage's p50 and p99 (:data:`STAGES`);
+``ratio_native_to_b3``, ``ratio_external_to_b3``, ``ratio_external_to_b3_txn8``;
+``ratio_p8_to_b2`` = external / B2 (issue 7's p8 was the external no-op workload). The
+pre-issue-10 version reported the worker's per-item ``turn_ms`` quantiles as p50/p99 (execution
+only, not end to end) and a B1 timed over a few fetches: not comparable.
 
 Usage: ``python bench/turns.py [--bootstrap HOST:PORT] [--records N] [--rounds R] [--quick]``.
 Without ``--bootstrap`` a fresh local broker is started (its pid is then known; with
@@ -192,12 +194,14 @@ def start_role(role: str, bootstrap: str, logdir: Path, **opts: object) -> Proc:
 
 
 def start_worker(bootstrap: str, logdir: Path, kind: str, topic: str, name: str, out: str,
-                 commit_interval_s: float) -> Proc:
+                 commit_interval_s: float, trace: Path | None = None) -> Proc:
     env = {"BENCH_KIND": kind, "BENCH_TOPIC": topic, "BENCH_NAME": name, "BENCH_OUT": out,
            "STREAMSCHED_COMMIT_INTERVAL_S": str(commit_interval_s),
            # `streamsched run`'s default claim store (on disk), in the run's own directory;
            # STREAMSCHED_STORE_DIR=:memory: in the environment measures the in-memory store.
            "STREAMSCHED_STORE_DIR": os.environ.get("STREAMSCHED_STORE_DIR", str(logdir / "stores"))}
+    if trace is not None:
+        env["BENCH_TRACE"] = str(trace)  # the handlers note when they run (latency stages)
     w = WorkerProcess("bench.turns_app:app", bootstrap, env=env, log_path=logdir / f"{name}.log")
     return Proc(worker=w.start())
 
@@ -395,9 +399,29 @@ def _spread_probes(n_per_partition: int) -> list[Any]:
     return probes
 
 
-Latency = tuple[float, float, int, float, float]
+Latency = tuple[float, float, int, float, float, dict[str, tuple[float, float]]]
 """p50 ms, p99 ms, items (from the hand-off to ``send_many``); p50 ms, p99 ms from the input
-record's timestamp (its CreateTime, set when the producer appends it)."""
+record's timestamp (its CreateTime, set when the producer appends it); the stages (p50, p99 ms
+of each, :data:`STAGES`)."""
+
+STAGES = {
+    "native": ("produce", "fetch_queue_select", "gather_resolve", "commit_visible"),
+    "external": ("produce", "fetch_queue_select_claim", "claim_commit_execute", "release_wait",
+                 "commit_visible"),
+}
+"""Where an item's end-to-end latency goes, from five clocks of one machine: the hand-off to the
+load generator's producer, the input record's CreateTime (appended by that producer), the
+handler's start (``BENCH_TRACE``, written by bench/turns_app.py), and the CreateTime of the
+item's CLAIMED and RELEASED snapshots (appended by the worker's producer as a transaction's
+records are sent, so they mark the start of its commit), and when the RELEASED snapshot became
+visible to a read_committed reader. Native: produce (hand-off -> input appended),
+fetch_queue_select (-> handler runs: broker append, fetch, the partition's queue, selection,
+claim in memory), gather_resolve (-> RELEASED appended: the rest of the gathered checkpoint and
+its commit interval, resolution), commit_visible (-> visible: the transaction's round trips,
+its markers, the reader's fetch). External: the claim transaction splits the first part
+(fetch_queue_select_claim up to the CLAIMED snapshot's append, claim_commit_execute from there to
+the handler: the claim transaction's commit), release_wait (handler -> RELEASED appended: the
+execution and the wait for the next transaction). Timestamps of records are milliseconds."""
 
 
 def _quantiles(values: list[float]) -> tuple[float, float]:
@@ -415,7 +439,8 @@ async def latency(ctx: Context, kind: str, rate: float, seconds: float) -> Laten
     out = await output_topic(ctx.bootstrap, "bench-out")
     sched = bench_scheduler(kind, topic, name, out)
     group = sched.group
-    proc = start_worker(ctx.bootstrap, ctx.logdir, kind, topic, name, out, ctx.commit_interval_s)
+    trace = ctx.logdir / f"trace-{name}.txt"
+    proc = start_worker(ctx.bootstrap, ctx.logdir, kind, topic, name, out, ctx.commit_interval_s, trace)
     try:
         probes = _spread_probes(2)
         await produce_events(ctx.bootstrap, topic, probes)
@@ -440,6 +465,8 @@ async def latency(ctx: Context, kind: str, rate: float, seconds: float) -> Laten
         stamped: dict[str, int] = {}
         """Identity -> its input record's timestamp (ms)."""
         seen_record: dict[str, float] = {}
+        appended: dict[tuple[str, ClaimStatus], int] = {}
+        """(identity, CLAIMED or RELEASED) -> that snapshot's CreateTime (ms)."""
         stop = asyncio.Event()
 
         async def read() -> None:
@@ -455,6 +482,7 @@ async def latency(ctx: Context, kind: str, rate: float, seconds: float) -> Laten
                         continue
                     for rec in records:
                         st = decode_claim(rec.value)
+                        appended.setdefault((st.identity, st.status), rec.timestamp)
                         t0 = sent.get(st.identity)
                         if t0 is not None and st.status is ClaimStatus.RELEASED and st.identity not in seen:
                             seen[st.identity] = (now - t0) / 1e6
@@ -489,9 +517,34 @@ async def latency(ctx: Context, kind: str, rate: float, seconds: float) -> Laten
         measured = [i for i in list(sent)[len(sent) // 5:] if i in seen]
         p50, p99 = _quantiles([seen[i] for i in measured])
         r50, r99 = _quantiles([seen_record[i] - stamped[i] for i in measured if i in stamped])
-        return p50, p99, len(measured), r50, r99
     finally:
         proc.finish()
+    ran: dict[str, float] = {}
+    if trace.exists():
+        for line in trace.read_text().splitlines():
+            identity, _, ns = line.partition(" ")
+            ran.setdefault(identity, int(ns) / 1e6)
+    stages = _stages(kind, measured, sent, stamped, ran, appended, seen_record)
+    return p50, p99, len(measured), r50, r99, stages
+
+
+def _stages(kind: str, measured: list[str], sent: dict[str, int], stamped: dict[str, int],
+            ran: dict[str, float], appended: dict[tuple[str, ClaimStatus], int],
+            visible: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """p50 and p99 (ms) of each of :data:`STAGES` over the items every clock saw."""
+    rows: list[list[float]] = []
+    for i in measured:
+        released = appended.get((i, ClaimStatus.RELEASED))
+        claimed = appended.get((i, ClaimStatus.CLAIMED))
+        if i not in stamped or i not in ran or released is None or (kind == "external" and claimed is None):
+            continue
+        clocks = [sent[i] / 1e6, float(stamped[i])]
+        if kind == "external":
+            assert claimed is not None
+            clocks.append(float(claimed))
+        clocks += [ran[i], float(released), visible[i]]
+        rows.append([b - a for a, b in itertools.pairwise(clocks)])
+    return {name: _quantiles([r[k] for r in rows]) for k, name in enumerate(STAGES[kind])} if rows else {}
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -592,6 +645,12 @@ async def main(bootstrap: str, broker_pid: int | None, args: argparse.Namespace,
             [x[3] for x in lat[kind]], 2)
         out[f"p99{suffix}_from_record_ms"], out[f"p99{suffix}_from_record_ms_range"] = med(
             [x[4] for x in lat[kind]], 2)
+    for kind in ("native", "external"):
+        # Each stage's p50 and p99, median over the rounds: where the latency above goes.
+        out[f"latency_stages_{kind}_ms"] = {
+            name: {q: med([x[5][name][k] for x in lat[kind] if name in x[5]] or [0.0], 2)[0]
+                   for k, q in enumerate(("p50", "p99"))}
+            for name in STAGES[kind]}
     out["latency_load_per_s"] = round(0.5 * native, 1)
     out["latency_load_external_per_s"] = round(0.5 * external, 1)
     out["latency_items"] = sum(x[2] for x in lat["native"])

@@ -13,10 +13,30 @@ per run gives a fresh group and state topic over the same input).
 
 from __future__ import annotations
 
+import atexit
 import os
+import time
+from typing import IO
 
 from streamsched import App, CommandContext, Emit, Selection, Turn, external_command, kafka_command
 from streamsched.worker.app import Command, SchedulerDef
+
+_TRACE: IO[str] | None = None
+"""``BENCH_TRACE``: a file the handlers append ``<identity> <time_ns>`` to when they run (the
+latency runs of bench/turns.py split an item's latency into stages with it)."""
+
+
+_TRACE_PATH = os.environ.get("BENCH_TRACE")
+
+
+def _traced(identity: str) -> None:
+    global _TRACE
+    if not _TRACE_PATH:
+        return
+    if _TRACE is None:
+        _TRACE = open(_TRACE_PATH, "a", buffering=1 << 16)  # noqa: SIM115 - closed at exit
+        atexit.register(_TRACE.close)
+    _TRACE.write(f"{identity} {time.time_ns()}\n")
 
 
 def build(kind: str, topic: str, name: str, out: str) -> App:
@@ -31,6 +51,7 @@ def build(kind: str, topic: str, name: str, out: str) -> App:
                               key=ctx.idempotency_key.encode())]
 
         async def handle_native(turn: Turn) -> None:
+            _traced(turn.ctx.idempotency_key)
             await turn.commands.start_pipeline(pipeline=turn.event.target[0])
 
         commands, handler = [start_pipeline], handle_native
@@ -40,6 +61,7 @@ def build(kind: str, topic: str, name: str, out: str) -> App:
             return None
 
         async def handle_external(turn: Turn) -> None:
+            _traced(turn.ctx.idempotency_key)
             await turn.commands.complete_run(run_id=turn.event.target[0])
 
         commands, handler = [complete_run], handle_external

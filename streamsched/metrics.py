@@ -66,6 +66,8 @@ __all__ = [
     "series_key",
 ]
 
+_NUMBER: Final = (int, float)
+"""What a metric value may be (a prebuilt tuple: ``int | float`` builds a union per call)."""
 PREFIX: Final = "streamsched_"
 """Prefix of every exported family name."""
 MAX_FAMILIES: Final = 128
@@ -290,7 +292,9 @@ class Metrics:
 
     def inc(self, name: str, n: int = 1, **labels: str) -> None:
         """Add ``n`` (>= 0) to counter ``name`` (exported as ``streamsched_<name>_total``)."""
-        if not isinstance(n, int | float) or not 0 <= n < math.inf:
+        # type() first: a plain int is what every caller passes (the union isinstance is built
+        # per call, and this runs several times per item on the worker's hot path).
+        if not (type(n) is int and n >= 0) and (not isinstance(n, _NUMBER) or not 0 <= n < math.inf):
             self._drop("value")
             return
         key = (name, *sorted(labels.items())) if labels else name
@@ -303,7 +307,7 @@ class Metrics:
 
     def set_gauge(self, name: str, value: float, **labels: str) -> None:
         """Set gauge ``name`` (exported as ``streamsched_<name>``) to ``value``."""
-        if not isinstance(value, int | float):
+        if not isinstance(value, _NUMBER):
             self._drop("value")
             return
         key = (name, *sorted(labels.items())) if labels else name
@@ -316,7 +320,7 @@ class Metrics:
 
     def observe(self, name: str, seconds: float, **labels: str) -> None:
         """Record one latency of ``name`` (``*_seconds``; ``*_ms`` names take milliseconds)."""
-        if not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        if not isinstance(seconds, _NUMBER) or not math.isfinite(seconds):
             self._drop("value")
             return
         key = (name, *sorted(labels.items())) if labels else name

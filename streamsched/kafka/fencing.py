@@ -38,11 +38,11 @@ def _fenced_error() -> type[BaseException]:
 
 def is_fenced(exc: BaseException) -> bool:
     """Whether ``exc`` is, or was caused while handling, a fencing error."""
-    fenced = _fenced_error()
+    errors = (_fenced_error(), FencedOut)  # a tuple: ``a | b`` builds a union object
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:  # also when wrapped by the caller's error
-        if isinstance(cur, fenced | FencedOut):
+        if isinstance(cur, errors):
             return True
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__

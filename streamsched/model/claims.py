@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamsched.errors import IllegalTransition, LeaseHeld, RevisionConflict, StaleFence
+from streamsched.model.fastinit import fast_init
 
 _MAX_COUNTER = 2**63 - 1
 
@@ -42,6 +43,7 @@ class OutcomeKind(enum.Enum):
     SKIPPED = "SKIPPED"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What the business command produced. ``digest`` is an opaque hash, never the result itself."""
@@ -54,6 +56,7 @@ class Outcome:
     error_kind: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ClaimState:
     """One immutable snapshot of an identity's claim; transitions return the successor."""

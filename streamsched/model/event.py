@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from streamsched.errors import DecodeError
+from streamsched.model.fastinit import fast_init
 from streamsched.model.jsonval import Bad, json_dumps, json_loads, json_parse
 from streamsched.model.limits import MAX_EVENT_ID_LENGTH, MAX_PAYLOAD_BYTES, MAX_TARGET_COMPONENTS
 
@@ -19,6 +20,7 @@ MAX_EVENT_TYPE_LENGTH = 64
 """Longest transition ``type`` (characters)."""
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class TransitionEvent:
     """A decoded ``TransitionEvent`` record (``schemas/transition.avsc``).

@@ -132,16 +132,33 @@ class IdentityResolver:
         self._tail = _field(8, attempt_kind.encode())
 
     def __call__(self, due_ns: int, tenant: str, target: tuple[str, ...]) -> str:
-        if not isinstance(due_ns, int) or isinstance(due_ns, bool):
-            raise InvalidName("due_ns", "must be an integer")
-        if not 0 <= due_ns <= _U64_MAX:
-            raise BoundExceeded("due_ns", _U64_MAX if due_ns > 0 else 0, due_ns)
+        _check_due(due_ns)
+        return self._identity(due_ns, _field(6, _utf8(tenant, "tenant", MAX_COMPONENT_BYTES)),
+                              _field(7, canonical_target(target)))
+
+    def with_route_key(self, due_ns: int, tenant: str, target: tuple[str, ...]) -> tuple[str, bytes]:
+        """``(self(due_ns, tenant, target), route_key(tenant, target))``, validating and encoding
+        tenant and target once for both (the worker needs both for every record)."""
+        _check_due(due_ns)
+        tenant_field = _field(6, _utf8(tenant, "tenant", MAX_COMPONENT_BYTES))
+        target_field = _field(7, canonical_target(target))
+        return (self._identity(due_ns, tenant_field, target_field),
+                _route_key_of(tenant_field, target_field))
+
+    def _identity(self, due_ns: int, tenant_field: bytes, target_field: bytes) -> str:
         h = hashlib.sha256(self._head)
         h.update(_field(5, struct.pack(">Q", due_ns)))
-        h.update(_field(6, _utf8(tenant, "tenant", MAX_COMPONENT_BYTES)))
-        h.update(_field(7, canonical_target(target)))
+        h.update(tenant_field)
+        h.update(target_field)
         h.update(self._tail)
         return _PREFIX + h.hexdigest()
+
+
+def _check_due(due_ns: int) -> None:
+    if not isinstance(due_ns, int) or isinstance(due_ns, bool):
+        raise InvalidName("due_ns", "must be an integer")
+    if not 0 <= due_ns <= _U64_MAX:
+        raise BoundExceeded("due_ns", _U64_MAX if due_ns > 0 else 0, due_ns)
 
 
 def _check_identity(identity: str) -> bytes:
@@ -176,5 +193,12 @@ def route_key(tenant: str, target: tuple[str, ...] | list[str]) -> bytes:
     own it at once; keying by a digest of (tenant, target) guarantees that without putting
     plaintext tenant data in the key.
     """
-    raw = _field(1, _utf8(tenant, "tenant", MAX_COMPONENT_BYTES)) + _field(2, canonical_target(target))
+    return _route_key_of(_field(6, _utf8(tenant, "tenant", MAX_COMPONENT_BYTES)),
+                         _field(7, canonical_target(target)))
+
+
+def _route_key_of(tenant_field: bytes, target_field: bytes) -> bytes:
+    """The route key from the identity's tenant and target fields (numbered 6 and 7 there, 1
+    and 2 in the route key: only the field number byte differs)."""
+    raw = b"\x01" + tenant_field[1:] + b"\x02" + target_field[1:]
     return hashlib.sha256(_ROUTE_DOMAIN + raw).hexdigest()[:32].encode()

@@ -12,10 +12,25 @@ this one takes about a quarter of its time (4.7 us vs 17.3 us for a 70-byte key 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
 _SEED = 0x9747B28C
+
+
+_WORDS: dict[int, Callable[[bytes], tuple[int, ...]]] = {}
+"""Word count -> the compiled unpacker of that many little-endian 32-bit words (keys have a
+few lengths; formatting and parsing the format per call was a tenth of the hash's time)."""
+
+
+def _words(n: int) -> Callable[[bytes], tuple[int, ...]]:
+    unpack = _WORDS.get(n)
+    if unpack is None:
+        unpack = struct.Struct(f"<{n}I").unpack_from
+        if len(_WORDS) < 256:
+            _WORDS[n] = unpack
+    return unpack
 
 
 def murmur2(data: bytes) -> int:
@@ -23,7 +38,8 @@ def murmur2(data: bytes) -> int:
     length = len(data)
     m, mask = _M, _MASK  # locals: the loop below runs once per 4 bytes of every key
     h = (_SEED ^ length) & mask
-    for k in struct.unpack_from(f"<{length >> 2}I", data):
+    unpack = _WORDS.get(length >> 2) or _words(length >> 2)
+    for k in unpack(data):
         k = (k * m) & mask
         # Masking distributes over XOR: one mask for both products (25 % faster per key).
         h = ((h * m) ^ ((k ^ (k >> 24)) * m)) & mask

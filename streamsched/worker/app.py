@@ -28,6 +28,7 @@ from typing import Any
 from streamsched.errors import CommandNotAllowed, ConfigError
 from streamsched.kafka.admin import TopicSpec
 from streamsched.model.event import TransitionEvent
+from streamsched.model.fastinit import fast_init
 from streamsched.model.identity import IdentityParts, IdentityResolver, route_key
 from streamsched.model.jsonval import json_dumps
 from streamsched.model.limits import (
@@ -57,6 +58,7 @@ class Selection:
         return self.type is None or event.type == self.type
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class CommandContext:
     """The immutable values a command may see. Pass ``idempotency_key`` and ``fence`` on."""
@@ -70,6 +72,7 @@ class CommandContext:
     schedule: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Emit:
     """One event a Kafka-native command writes, atomically with its outcome and release."""
@@ -209,6 +212,7 @@ def commands_class(commands: dict[str, Command]) -> type[Commands]:
     return type("Commands", (Commands,), {"__slots__": (), **methods})
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Turn:
     """What a handler gets for one work item."""

@@ -59,7 +59,7 @@ class TxnSettings:
 class Checkpoint:
     """A transaction being assembled in memory; :meth:`commit` sends and commits it."""
 
-    __slots__ = ("_encoded", "_settings", "bytes", "started", "view", "writer")
+    __slots__ = ("_encoded", "_read", "_settings", "bytes", "started", "view", "writer")
 
     def __init__(self, settings: TxnSettings) -> None:
         self._settings = settings
@@ -67,6 +67,11 @@ class Checkpoint:
         self.view: dict[str, ClaimState] = {}
         """The snapshot each identity will have once this transaction commits."""
         self._encoded: dict[str, tuple[ClaimState, bytes]] = {}
+        self._read: dict[str, ClaimState] = {}
+        """Committed states already looked up through :meth:`current`. The partition's committed
+        state changes only when a transaction of its own commits, and this one is the only one
+        assembled until it commits: a lookup stays true while it is open (selection and claim
+        ask for the same identity; with the disk store each ask reads RocksDB)."""
         self.started = time.monotonic()
         self.bytes = 0
         """Estimated bytes of the records written so far (see :meth:`count`)."""
@@ -77,15 +82,20 @@ class Checkpoint:
     def current(self, identity: str) -> ClaimState:
         """``identity``'s state as this transaction leaves it (else as committed)."""
         st = self.view.get(identity)
-        return st if st is not None else self._settings.state.get(identity)
+        if st is None:
+            st = self._read.get(identity)
+            if st is None:
+                st = self._read[identity] = self._settings.state.get(identity)
+        return st
 
     def put(self, st: ClaimState) -> None:
         """Write a claim snapshot to the state topic (and remember its bytes for the store)."""
         s = self._settings
         self.view[st.identity] = st
-        raw = encode_claim(st)
+        key = st.identity.encode()
+        raw = encode_claim(st, key)
         self._encoded[st.identity] = (st, raw)
-        self.writer.add(s.state_topic, raw, key=st.identity.encode(), partition=s.partition)
+        self.writer.add(s.state_topic, raw, key=key, partition=s.partition)
         s.state.stage()
 
     def count(self, records: int, value_bytes: int) -> None:

@@ -31,6 +31,7 @@ from streamsched.errors import DecodeError
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
 from streamsched.model.event import TransitionEvent
+from streamsched.model.fastinit import fast_init
 from streamsched.model.jsonval import json_dumps
 from streamsched.model.retry import RetryPolicy, compute_backoff, normalize_failure
 from streamsched.worker.app import CommandContext, Emit, SchedulerDef, Turn
@@ -40,6 +41,7 @@ IN_PLACE_RETRY_LIMIT_S = 0.25
 the same delivery, are parked in the delay topic."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Execution:
     """What one execution decided; the turn writes it with the release. (No outcome, nothing

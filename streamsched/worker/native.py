@@ -125,11 +125,17 @@ class KafkaNative:
             steps.write_resolution(results, cp)
             steps.write_others(batch.others(), cp)
             # Emits, and the original record of a dead letter, a parked or a forwarded item.
-            side = sum(len(r.claim.item.record.value or b"") for r in results
-                       if r.execution.dead is not None or r.execution.park_until_ns is not None)
-            side += sum(len(it.record.value or b"") for it in batch.items
-                        if it.dead is not None or it.forward is not None or it.park_until_ns is not None)
-            cp.count(len(cp) - before, sum(len(e.value) for r in results for e in r.execution.emits) + side)
+            written = 0
+            for r in results:
+                ex = r.execution
+                for e in ex.emits:
+                    written += len(e.value)
+                if ex.dead is not None or ex.park_until_ns is not None:
+                    written += len(r.claim.item.record.value or b"")
+            for it in batch.items:
+                if it.dead is not None or it.forward is not None or it.park_until_ns is not None:
+                    written += len(it.record.value or b"")
+            cp.count(len(cp) - before, written)
         except BaseException:
             # Nothing was sent; the runner fails and the next owner starts from committed state.
             self.open = None
@@ -148,8 +154,10 @@ class KafkaNative:
                     [o for b, _ in batches for o in b.delayed])
         t_mark, d_mark = self.offsets.after(span)
         changed = t_mark != self.offsets.t_sent or d_mark != self.offsets.d_sent
-        send = changed and (offsets_now or not batches or writes_side_records(batches)
-                            or time.monotonic() - self.last_offsets >= self.commit_interval_s)
+        # The interval first: under load it is usually due, and then no item needs a look.
+        send = changed and (offsets_now or not batches
+                            or time.monotonic() - self.last_offsets >= self.commit_interval_s
+                            or writes_side_records(batches))
         expiring = self.txn.state.take_expired(self.steps.clock())  # past the outcome horizon
         if not batches and not send and not expiring:
             return

@@ -19,7 +19,7 @@ from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.model.event import TransitionEvent
-from streamsched.model.identity import route_key
+from streamsched.model.fastinit import fast_init
 from streamsched.model.limits import MAX_PARK_S
 from streamsched.wire.control import REDRIVE, RedriveRequest, control_kind, decode_request
 from streamsched.wire.dead_letter import NO_VALUE_REASON
@@ -34,6 +34,7 @@ def _home_partition(key: bytes, partitions: int) -> int:
     return partition_for_key(key, partitions)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Item:
     """Step 1's verdict on one record of a batch (immutable: a later stage makes a new value,
@@ -132,8 +133,7 @@ def classify(s: SchedulerDef, rec: ConsumerRecord, *, control: bool = True) -> I
     if not s.selection.matches(ev):
         return Item(rec, ev)
     try:
-        identity = s.resolve_identity(ev.due_ns, ev.tenant, ev.target)
-        expected_key = route_key(ev.tenant, ev.target)
+        identity, expected_key = s.resolve_identity.with_route_key(ev.due_ns, ev.tenant, ev.target)
     except StreamschedError as exc:
         return Item(rec, ev, dead=("bound", exc.kind))
     if rec.key != expected_key:

@@ -20,6 +20,7 @@ from streamsched.kafka.protocols import TransactionalProducer
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
 from streamsched.model.event import TransitionEvent
+from streamsched.model.fastinit import fast_init
 from streamsched.model.limits import MAX_DELIVERY_ATTEMPTS
 from streamsched.model.retry import RetryPolicy
 from streamsched.wire.control import AuditEntry
@@ -32,6 +33,7 @@ from streamsched.worker.records import Records
 from streamsched.worker.selection import Batch, Item
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """Step 3: a leader and the fenced claim it acquired. Every later write of the item
@@ -48,6 +50,7 @@ class Claim:
         return self.item.identity
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Resolved:
     """Step 4: a claim and what its execution decided (written by step 5)."""
@@ -136,11 +139,14 @@ class PartitionSteps:
         # run concurrently for good: handlers of one batch still all run at once whenever any waits.
         done: list[Resolved] = []
         rest: list[asyncio.Task[Resolved]] = []
-        for i, c in enumerate(claims):
-            def start_rest(later: list[Claim] = claims[i + 1:]) -> None:
-                self.concurrent = True
-                rest.extend(asyncio.ensure_future(self.execute(x)) for x in later)
+        i = 0
 
+        def start_rest() -> None:
+            # Called at most once, by the item that suspends (item ``i``: the one running then).
+            self.concurrent = True
+            rest.extend(asyncio.ensure_future(self.execute(x)) for x in claims[i + 1:])
+
+        for i, c in enumerate(claims):  # noqa: B007 - ``i`` is read by start_rest
             try:
                 done.append(await self.execute(c, on_suspend=start_rest))
             except BaseException:
