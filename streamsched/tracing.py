@@ -22,14 +22,33 @@ from typing import Final
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 
-__all__ = ["TRACE_HEADERS", "current_trace_id", "extract", "inject", "span", "with_trace"]
+__all__ = ["TRACE_HEADERS", "current_trace_id", "enabled", "extract", "inject", "span", "use_provider",
+           "with_trace"]
 
 TRACE_HEADERS: Final = ("traceparent", "tracestate")
 """The W3C Trace Context headers (the only ones read from or written to records)."""
 _MAX_HEADER = 512
 
 Header = tuple[str, bytes]
-_tracer = trace.get_tracer("streamsched")
+_provider: trace.TracerProvider | None = None
+
+
+def use_provider(provider: trace.TracerProvider | None) -> None:
+    """Trace through ``provider`` instead of the global one (None: back to the global). For
+    tests and for applications that keep several providers; OpenTelemetry's global provider can
+    be set only once per process."""
+    global _provider
+    _provider = provider
+
+
+def _tracer() -> trace.Tracer:
+    return (_provider or trace.get_tracer_provider()).get_tracer("streamsched")
+
+
+def enabled() -> bool:
+    """Whether the application configured a tracer provider (an SDK). Without one every span is a
+    no-op, so the worker skips even creating them on its hot path."""
+    return _provider is not None or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def inject(context: Context | None = None) -> list[Header]:
@@ -61,7 +80,7 @@ def span(name: str, *, parent: Context | None = None, attributes: Mapping[str, s
          kind: trace.SpanKind = trace.SpanKind.INTERNAL) -> Iterator[trace.Span]:
     """A span named ``name`` (child of ``parent``, else of the current span), current in the block.
     An exception ends it with status ERROR and its type only (no message: it may carry data)."""
-    with _tracer.start_as_current_span(name, context=parent, kind=kind, attributes=dict(attributes or {}),
+    with _tracer().start_as_current_span(name, context=parent, kind=kind, attributes=dict(attributes or {}),
                                        record_exception=False, set_status_on_exception=False) as current:
         try:
             yield current

@@ -55,6 +55,9 @@ class Execution:
     """A retry too long to wait for in place: parked in the delay topic until then."""
     attempt_next: int = 0
     emits: tuple[Emit, ...] = ()
+    trace: tuple[tuple[str, bytes], ...] = ()
+    """Trace headers of the execution's span (the emitted events carry them; empty without an
+    OpenTelemetry SDK)."""
 
 
 class Bounded:

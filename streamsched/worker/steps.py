@@ -9,14 +9,18 @@ go into, and when it commits, is the shape's decision (:mod:`streamsched.worker.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from streamsched import failpoints
+from opentelemetry.trace import SpanKind
+
+from streamsched import failpoints, tracing
 from streamsched.errors import ClaimError, IllegalTransition, LeaseHeld, RevisionConflict, StreamschedError
 from streamsched.kafka.protocols import TransactionalProducer
+from streamsched.logs import log_context
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
 from streamsched.model.event import TransitionEvent
@@ -124,10 +128,38 @@ class PartitionSteps:
             return _exhausted(claim)
         ev = claim.item.event
         assert ev is not None
-        result = await execute(self.scheduler, ev, claim.state, retry=self.retry, clock=self.clock,
-                               metrics=self.metrics, rng=self.rng, on_suspend=on_suspend)
+        rec, st = claim.item.record, claim.state
+        if tracing.enabled():
+            result = await self._traced(claim, ev, on_suspend)
+        else:
+            # Lines logged while it runs name the item (streamsched.logs); no payload, no plaintext.
+            with log_context(identity=st.identity, offset=rec.offset, fence=st.fence):
+                result = await execute(self.scheduler, ev, st, retry=self.retry, clock=self.clock,
+                                       metrics=self.metrics, rng=self.rng, on_suspend=on_suspend)
         failpoints.hit("after_effect")
         return Resolved(claim, result if result is not None else _RELEASE_ONLY)
+
+    async def _traced(self, claim: Claim, ev: TransitionEvent,
+                      on_suspend: Callable[[], None] | None) -> Execution | None:
+        """:func:`execute` in a span that continues the trace the record carries; its emitted
+        events carry this span (a chain of schedulers is one trace)."""
+        rec, st = claim.item.record, claim.state
+        attributes: dict[str, str | int] = {
+            "streamsched.scheduler": self.scheduler.name, "streamsched.partition": self.partition,
+            "streamsched.offset": rec.offset, "streamsched.fence": st.fence,
+            "streamsched.attempt": ev.attempt, "streamsched.identity": st.identity}
+        with tracing.span("streamsched.execute", parent=tracing.extract(rec.headers),
+                          kind=SpanKind.CONSUMER, attributes=attributes) as current:
+            with log_context(identity=st.identity, offset=rec.offset, fence=st.fence,
+                             trace_id=tracing.current_trace_id()):
+                result = await execute(self.scheduler, ev, st, retry=self.retry, clock=self.clock,
+                                       metrics=self.metrics, rng=self.rng, on_suspend=on_suspend)
+            outcome = result.outcome if result is not None else None
+            current.set_attribute("streamsched.outcome", outcome.kind.value if outcome is not None
+                                  else "released" if result is None else "parked")
+            if result is not None and result.emits:
+                result = dataclasses.replace(result, trace=tuple(tracing.inject()))
+        return result
 
     async def execute_all(self, claims: list[Claim]) -> list[Resolved]:
         """Step 4 for a batch, all of it before returning (at most ``max_in_flight`` items)."""
@@ -189,7 +221,8 @@ class PartitionSteps:
                 st = st.store_outcome(fence=fence, expected_revision=expected, outcome=ex.outcome)
                 expected = st.revision
             for emit in ex.emits:
-                cp.writer.add(emit.topic, emit.value, key=emit.key)  # partitioned by key at flush
+                # Partitioned by key at flush; the trace headers are empty without an SDK.
+                cp.writer.add(emit.topic, emit.value, key=emit.key, headers=list(ex.trace) or None)
             if ex.outcome is not None and it.event is not None and it.event.origin:
                 self._schedule_feedback(it.event, ex, cp)
             cp.put(st.release(fence=fence, expected_revision=expected))
