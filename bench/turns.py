@@ -8,7 +8,7 @@ B1        raw aiokafka: consume + commit per fetched batch (no state, no transac
           25 ms polls; a million keeps the window above a second).
 B2        a hand-written serial loop per record: claim (acks=all) -> no-op -> outcome (acks=all)
           -> commit offset: what a careful user writes without streamsched (kept for continuity:
-          issue 7's done-criterion is ``ratio_p8_to_b2 >= 5``, with p8 = the external workload).
+          ``ratio_p8_to_b2 >= 5`` is the floor set for it, with p8 = the external workload).
 B3        raw aiokafka transactional read-process-write: one transactional producer per partition
           and, per partition, one transaction per fetched batch writing K records per input record
           (K-1 state-like records to a compacted topic and one output record partitioned by key)
@@ -45,8 +45,8 @@ for B3); ``p50_ms``/``p99_ms`` end-to-end latency of the native workload at half
 rate (``*_external_ms`` likewise), and where it goes: ``latency_stages_native_ms`` and
 ``latency_stages_external_ms``, each stage's p50 and p99 (:data:`STAGES`);
 ``ratio_native_to_b3``, ``ratio_external_to_b3``, ``ratio_external_to_b3_txn8``;
-``ratio_p8_to_b2`` = external / B2 (issue 7's p8 was the external no-op workload). The
-pre-issue-10 version reported the worker's per-item ``turn_ms`` quantiles as p50/p99 (execution
+``ratio_p8_to_b2`` = external / B2 (p8 is the external no-op workload). Earlier versions
+reported the worker's per-item ``turn_ms`` quantiles as p50/p99 (execution
 only, not end to end) and a B1 timed over a few fetches: not comparable.
 
 Usage: ``python bench/turns.py [--bootstrap HOST:PORT] [--records N] [--rounds R] [--quick]``.

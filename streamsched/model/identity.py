@@ -69,7 +69,7 @@ def _field(number: int, raw: bytes) -> bytes:
 
 
 def canonical_target(target: tuple[str, ...] | list[str]) -> bytes:
-    """Canonical bytes of the target-key suffix, validated against the SPEC §1 bounds."""
+    """Canonical bytes of the target-key suffix, validated against the identity bounds."""
     if not isinstance(target, (tuple, list)):
         # A bare string would iterate into characters and collide with a tuple of them.
         raise InvalidName("target", "must be a tuple or list of strings")

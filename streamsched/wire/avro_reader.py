@@ -5,7 +5,7 @@ A decoded record must be *canonical*: it re-encodes to exactly the input bytes, 
 enum/union indices, out-of-range ints, overlong varints, non-0/1 booleans and arrays in several or
 size-prefixed blocks (all of which fastavro accepts silently) are refused. Checking that in the
 decoder's own pass replaced fastavro's reader + a validating re-encode + a byte comparison, three
-passes that cost more than the rest of the worker's turn (py-spy, issue 10).
+passes that cost more than the rest of the worker's turn (py-spy).
 
 This is the worker's hot path: each field costs one call of its reader and nothing else (no
 per-record or per-field indirection may be added here). A schema using a type the compiler does

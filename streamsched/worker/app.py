@@ -205,7 +205,7 @@ def commands_class(commands: dict[str, Command]) -> type[Commands]:
 
     ``turn.commands.name(...)`` then finds a method on the class instead of going through
     ``__getattr__``, which built a closure per call (about 4 % of a Kafka-native worker's CPU,
-    py-spy, issue 10). A command named like an attribute of Commands itself stays reachable
+    py-spy). A command named like an attribute of Commands itself stays reachable
     only as before (it never was: the attribute wins)."""
     methods = {name: _command_method(name, command) for name, command in commands.items()
                if not hasattr(Commands, name)}

@@ -12,7 +12,7 @@ through the due index, releasing the partition meanwhile.
 
 Running a handler costs no task and no timer unless it suspends (:class:`Bounded`): a
 Kafka-native handler usually finishes in its first step, and a task plus an ``asyncio.timeout``
-per item were about 12 % of such a worker's CPU (py-spy, issue 10). The timeout starts when the
+per item were about 12 % of such a worker's CPU (py-spy). The timeout starts when the
 handler first suspends (a handler running without suspending cannot be interrupted by any
 asyncio timeout anyway), with the same deadline (the claim's lease).
 """
