@@ -205,19 +205,24 @@ def test_no_import_cycles() -> None:
                         + "\n".join(_describe(GRAPH, c) for c in cycles))
 
 
+SAMPLE_SOURCES = {
+    "streamsched.a": ("import streamsched.b\n", False),
+    "streamsched.b": ("def f():\n    from streamsched import a\n", False),
+    "streamsched.p": ("from typing import TYPE_CHECKING\n"
+                      "if TYPE_CHECKING:\n    from streamsched.p.y import Y\n", True),
+    "streamsched.p.x": ("from streamsched.p import y\n", False),
+    "streamsched.p.y": ("from . import x\nimport streamsched.p\n", False),
+}
+# Parsed at collection (one thread): CPython 3.11's ast can fail with a spurious SystemError
+# (CPython gh-106905) in a process where other threads ran.
+SAMPLE_TREES = {m: (ast.parse(src), is_pkg) for m, (src, is_pkg) in SAMPLE_SOURCES.items()}
+
+
 def test_the_cycle_check_counts_deferred_imports_and_names_the_loop() -> None:
     """The check sees what the shared tool sees: a cycle closed only by a function-local import,
     one under ``TYPE_CHECKING`` and a relative one are all cycles; a submodule importing its own
     package is not an edge."""
-    sources = {
-        "streamsched.a": ("import streamsched.b\n", False),
-        "streamsched.b": ("def f():\n    from streamsched import a\n", False),
-        "streamsched.p": ("from typing import TYPE_CHECKING\n"
-                          "if TYPE_CHECKING:\n    from streamsched.p.y import Y\n", True),
-        "streamsched.p.x": ("from streamsched.p import y\n", False),
-        "streamsched.p.y": ("from . import x\nimport streamsched.p\n", False),
-    }
-    graph = _graph({m: (ast.parse(src), is_pkg) for m, (src, is_pkg) in sources.items()})
+    graph = _graph({m: (tree, is_pkg) for m, (tree, is_pkg) in SAMPLE_TREES.items()})
     assert graph["streamsched.b"] == {"streamsched.a": 2}
     assert graph["streamsched.p"] == {"streamsched.p.y": 3}
     assert graph["streamsched.p.y"] == {"streamsched.p.x": 1}  # its own package is no edge

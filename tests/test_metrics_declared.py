@@ -39,12 +39,17 @@ def literals(node: ast.expr | None) -> list[str] | None:
     return None
 
 
+# Parsed when the module is collected (one thread): CPython 3.11's ast can fail with a spurious
+# SystemError (CPython gh-106905) when it runs in a process where other threads ran.
+TREES = {path: ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
 def updates() -> list[tuple[str, int, str, str | None, frozenset[str]]]:
     """Every ``x.inc/set_gauge/observe(...)`` call in the package: (file, line, method, literal
     name or ``None``, keyword names), once per name a call can update."""
     out: list[tuple[str, int, str, str | None, frozenset[str]]] = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for path, tree in TREES.items():
+        for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr in METHODS):
                 continue
