@@ -108,6 +108,11 @@ class TopicSpec:
             object.__setattr__(self, "config", {**self.config, "cleanup.policy": "compact"})
         if self.kind == "delay":
             object.__setattr__(self, "config", _delay_config(self.name, self.config))
+        if self.kind == "audit":
+            # Operators' re-drive audit trail: a few records per action, kept until an operator
+            # sets a retention (the cluster default, often 7 days, would lose the history).
+            kept = {"cleanup.policy": "delete", "retention.ms": "-1", **self.config}
+            object.__setattr__(self, "config", kept)
 
     def with_replication(self, replication: int | None) -> TopicSpec:
         return TopicSpec(self.name, self.partitions, replication, self.kind, dict(self.config))

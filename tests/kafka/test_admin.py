@@ -169,3 +169,13 @@ async def test_partition_counts_ask_once_and_name_every_missing_topic(bootstrap:
     with pytest.raises(ConfigError, match=f"topic {gone} does not exist"):
         await partition_count(bootstrap, gone)
     assert await partition_count(bootstrap, a) == 3
+
+
+def test_an_audit_topic_keeps_its_entries_unless_told_otherwise() -> None:
+    from streamsched.kafka.admin import TopicSpec
+
+    spec = TopicSpec("__streamsched.audit.s", 4, 1, kind="audit")
+    assert spec.config["retention.ms"] == "-1" and spec.config["cleanup.policy"] == "delete"
+    assert spec.internal
+    assert TopicSpec("__streamsched.audit.s", 4, 1, kind="audit",
+                     config={"retention.ms": "31536000000"}).config["retention.ms"] == "31536000000"
