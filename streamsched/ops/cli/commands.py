@@ -248,10 +248,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """One identity's claim as its owner would see it now (safe fields only)."""
+    from streamsched.ops.cli.events import event_arg
     from streamsched.ops.inspect import format_view, inspect_identity
 
     sched = load_app(args.app).one(args.scheduler)
-    event = _event_arg(args.event) if args.event is not None else None
+    event = event_arg(args.event) if args.event is not None else None
     bootstrap = connect(args)
     view = asyncio.run(inspect_identity(bootstrap, sched, event=event, identity=args.identity,
                                         progress=args.progress))
@@ -275,9 +276,10 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     if args.identity is not None:
         targets.append(redrive.Target(args.identity))
     elif args.event is not None:
+        from streamsched.ops.cli.events import event_arg
         from streamsched.ops.inspect import identity_of
 
-        event = _event_arg(args.event)
+        event = event_arg(args.event)
         targets.append(redrive.Target(identity_of(sched, event), event))
     bootstrap = connect(args)
 
@@ -288,18 +290,6 @@ def cmd_redrive(args: argparse.Namespace) -> int:
 
     print(json.dumps(asyncio.run(run()).to_dict()))
     return 0
-
-
-def _event_arg(text: str) -> Any:
-    from streamsched.ops.cli.events import event_from_json
-
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--event is not valid JSON (line {exc.lineno} col {exc.colno})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError("--event must be a JSON object")
-    return event_from_json(doc)
 
 
 # --- acl ------------------------------------------------------------------------------------------

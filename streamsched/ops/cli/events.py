@@ -26,18 +26,23 @@ def event_from_json(doc: dict[str, Any]) -> Any:
     return decode_transition(encode_transition(event_from_mapping(doc)))
 
 
+def event_arg(text: str) -> Any:
+    """The TransitionEvent of an ``--event`` flag's JSON (a ConfigError names what is wrong)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--event is not valid JSON (line {exc.lineno} col {exc.colno})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError("--event must be a JSON object")
+    return event_from_json(doc)
+
+
 def cmd_emit(args: argparse.Namespace) -> int:
     from streamsched.kafka.producer import Producer, encode_event
     from streamsched.model.names import validate_name
 
     validate_name(args.topic, "topic")
-    try:
-        doc = json.loads(args.event)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--event is not valid JSON (line {exc.lineno} col {exc.colno})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError("--event must be a JSON object")
-    ev = event_from_json(doc)
+    ev = event_arg(args.event)
     key, _ = encode_event(ev)
     if args.key and args.key.encode() != key:
         # Any other key puts the identity on a partition its owner never sees (dead-lettered).

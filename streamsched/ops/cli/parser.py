@@ -96,6 +96,12 @@ def _int_in(name: str, low: int, high: int) -> Callable[[str], int]:
     return convert
 
 
+def _add_app_options(p: argparse.ArgumentParser) -> None:
+    """``--app`` (required) and ``--scheduler``: the commands that act on one scheduler of an app."""
+    p.add_argument("--app", required=True, help="MODULE:ATTR of a streamsched.App")
+    p.add_argument("--scheduler", default=None, help="scheduler name (optional if the app has one)")
+
+
 def _add_status_options(p: argparse.ArgumentParser, *, port_from_env: bool) -> None:
     # Only `run` reads STREAMSCHED_STATUS_PORT: a worker and a ticker started from one
     # environment must not both try to bind it.
@@ -281,8 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="re-run a scheduler over its topic from an offset or a time "
                         "(resets its group's offsets), or --verify that a replay runs nothing new")
-    rp.add_argument("--app", required=True, help="MODULE:ATTR of a streamsched.App")
-    rp.add_argument("--scheduler", default=None, help="scheduler name (optional if the app has one)")
+    _add_app_options(rp)
     to = rp.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-earliest", action="store_true", help="from the first retained record")
     to.add_argument("--to-offset", default=None, metavar="P:O,...", help="from these offsets (clamped)")
@@ -300,8 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ins = sub.add_parser("inspect", help="one workflow's claim: home partition, status, fence, owner, "
                          "lease, outcome and the group's committed offset")
-    ins.add_argument("--app", required=True, help="MODULE:ATTR of a streamsched.App")
-    ins.add_argument("--scheduler", default=None, help="scheduler name (optional if the app has one)")
+    _add_app_options(ins)
     who = ins.add_mutually_exclusive_group(required=True)
     who.add_argument("--event", default=None, metavar="JSON",
                      help="the event as `emit --event` takes it (its identity under the scheduler)")
@@ -316,8 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rd = sub.add_parser("redrive", help="reopen stored FAILED outcomes so their identities execute again "
                         "(through the identity's owner, audited)")
-    rd.add_argument("--app", required=True, help="MODULE:ATTR of a streamsched.App")
-    rd.add_argument("--scheduler", default=None, help="scheduler name (optional if the app has one)")
+    _add_app_options(rd)
     what = rd.add_mutually_exclusive_group(required=True)
     what.add_argument("--identity", default=None, metavar="sched_...",
                       help="reopen this identity; its next delivery runs")
