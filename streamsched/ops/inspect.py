@@ -37,7 +37,7 @@ from streamsched.wire.control import AuditEntry
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.worker.app import SchedulerDef
 
-__all__ = ["IdentityView", "format_view", "identity_of", "inspect_identity", "scan_states"]
+__all__ = ["IdentityView", "check_identity", "format_view", "identity_of", "inspect_identity", "scan_states"]
 
 
 AUDIT_SHOWN = 20
@@ -94,10 +94,12 @@ def identity_of(scheduler: SchedulerDef, event: TransitionEvent) -> str:
     return scheduler.resolve_identity(event.due_ns, event.tenant, tuple(event.target))
 
 
-def _check_identity(identity: str) -> str:
+def check_identity(identity: str) -> str:
+    """``identity`` if it is a ``sched_`` business identity, else a ConfigError saying what one is
+    (for every operator surface: the CLI's ``--identity``, the console's forms)."""
     if not IDENTITY_PATTERN.fullmatch(identity):
-        raise ConfigError("--identity must be a sched_<64 lower-case hex> identity "
-                          "(as logs, status and dead letters show it)")
+        raise ConfigError("an identity is sched_ and 64 lower-case hex digits (as logs, status, "
+                          "dead letters and inspect show it)")
     return identity
 
 
@@ -170,7 +172,7 @@ async def inspect_identity(bootstrap: clients.Conn, scheduler: SchedulerDef, *,
     if (event is None) == (identity is None):
         raise ConfigError("inspect needs exactly one of --event and --identity")
     if identity is not None:
-        identity = _check_identity(identity)  # before anything is asked of the cluster
+        identity = check_identity(identity)  # before anything is asked of the cluster
     counts = await partition_counts(bootstrap, [scheduler.topic, scheduler.state_topic], missing_ok=True,
                                     authorized=True)
     partitions = counts[scheduler.topic]

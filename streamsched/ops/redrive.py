@@ -34,16 +34,18 @@ from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_counts
 from streamsched.model.claims import ClaimState, OutcomeKind
 from streamsched.model.event import TransitionEvent
-from streamsched.model.identity import IDENTITY_PATTERN, route_key
+from streamsched.model.identity import route_key
 from streamsched.ops.dlq import list_dead_letters
-from streamsched.ops.inspect import scan_states
+from streamsched.ops.inspect import check_identity, identity_of, scan_states
 from streamsched.ops.replay_verify import progress_bar
 from streamsched.wire.control import RedriveRequest, redrive_record
+from streamsched.wire.dead_letter import DeadLetterView
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition, encode_transition
 from streamsched.worker.app import SchedulerDef
 
-__all__ = ["MAX_REDRIVE", "RedriveReport", "Target", "principal_of", "redrive", "targets_from_dlq"]
+__all__ = ["MAX_REDRIVE", "RedriveReport", "Target", "original_event", "principal_of", "redrive",
+           "targets_from_dlq"]
 
 MAX_REDRIVE = 10_000
 """Most identities one command re-drives (dead letters beyond it are left for another run)."""
@@ -83,12 +85,6 @@ def principal_of(conn: clients.Conn) -> str:
         return "local:unknown"
 
 
-def _check_identity(identity: str) -> str:
-    if not IDENTITY_PATTERN.fullmatch(identity):
-        raise ConfigError("--identity must be a sched_<64 lower-case hex> identity")
-    return identity
-
-
 def _why_refused(st: ClaimState | None, now_ns: int, force: bool) -> str | None:
     if st is None or st.outcome is None:
         return "nothing_stored" if st is None or not st.lease_active(now_ns) else "live_claim"
@@ -108,17 +104,23 @@ async def targets_from_dlq(bootstrap: clients.Conn, scheduler: SchedulerDef, *, 
     for v in views:
         if since_ns is not None and v.at_ns < since_ns:
             continue
-        if v.source_topic != scheduler.topic or not v.original:
-            continue
-        try:
-            ev = decode_transition(v.original)
-        except DecodeError:
-            continue  # a record that never decoded has no identity to reopen
-        if not scheduler.selection.matches(ev):
-            continue
-        identity = scheduler.resolve_identity(ev.due_ns, ev.tenant, ev.target)
-        targets[identity] = Target(identity, ev)
+        ev = original_event(scheduler, v)
+        if ev is not None:
+            identity = identity_of(scheduler, ev)
+            targets[identity] = Target(identity, ev)
     return list(targets.values())
+
+
+def original_event(scheduler: SchedulerDef, view: DeadLetterView) -> TransitionEvent | None:
+    """The event a dead letter of ``scheduler`` holds, if it has an identity there: an original
+    of its topic that decodes and that it selects (None for the rest: nothing to reopen)."""
+    if view.source_topic != scheduler.topic or not view.original:
+        return None
+    try:
+        ev = decode_transition(view.original)
+    except DecodeError:
+        return None
+    return ev if scheduler.selection.matches(ev) else None
 
 
 async def redrive(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Iterable[Target], *,
@@ -130,7 +132,7 @@ async def redrive(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Ite
     if len(chosen) > MAX_REDRIVE:
         raise ConfigError(f"{len(chosen)} identities to re-drive: at most {MAX_REDRIVE} per run")
     for t in chosen:
-        _check_identity(t.identity)
+        check_identity(t.identity)
     topics = [scheduler.topic, scheduler.state_topic, scheduler.delay_topic]
     counts = await partition_counts(bootstrap, topics, missing_ok=True, authorized=True)
     partitions = counts[scheduler.topic]

@@ -19,6 +19,7 @@ from streamsched.errors import ConfigError
 from streamsched.model.names import validate_name
 from streamsched.ops.console import security, views
 from streamsched.ops.console.state import STATE, State
+from streamsched.ops.inspect import check_identity
 
 log = logging.getLogger("streamsched.console")
 
@@ -61,7 +62,7 @@ def add_routes(app: web.Application, render: Render) -> None:
         state = request.app[STATE]
         who, form = await authorize(request, state, "redrive")
         sched = views.pick(state.config.schedulers, _field(form, "scheduler"))
-        identity = views.check_identity(_field(form, "identity"))
+        identity = check_identity(_field(form, "identity"))
         reason = _field(form, "reason", MAX_REASON)
         report = await redrive.redrive(state.config.bootstrap, sched, [redrive.Target(identity)],
                                        reason=reason, principal=who, progress=False)

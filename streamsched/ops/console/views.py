@@ -16,18 +16,17 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from streamsched.errors import ConfigError, DecodeError
+from streamsched.errors import ConfigError
 from streamsched.kafka import clients, compat
 from streamsched.kafka.admin import partition_counts
 from streamsched.kafka.protocols import GroupConsumer
 from streamsched.kafka.reads import group_lag
-from streamsched.model.identity import IDENTITY_PATTERN
 from streamsched.model.schedule import HistoryRow, ScheduleInfo
-from streamsched.ops.inspect import IdentityView, inspect_identity
+from streamsched.ops.inspect import IdentityView, check_identity, identity_of, inspect_identity
+from streamsched.ops.redrive import original_event
 from streamsched.ops.replay import group_state
 from streamsched.schedules.catalog import Catalog
 from streamsched.wire.dead_letter import DeadLetterView, safe_text, view_dead_letter
-from streamsched.wire.transition import decode_transition
 from streamsched.worker.app import SchedulerDef
 
 MAX_SCHEDULES = 500
@@ -171,15 +170,8 @@ class DeadLetterRow:
 
 
 def _identity(sched: SchedulerDef | None, view: DeadLetterView) -> str | None:
-    if sched is None or view.source_topic != sched.topic or not view.original:
-        return None
-    try:
-        ev = decode_transition(view.original)
-    except DecodeError:
-        return None
-    if not sched.selection.matches(ev):
-        return None
-    return sched.resolve_identity(ev.due_ns, ev.tenant, tuple(ev.target))
+    ev = original_event(sched, view) if sched is not None else None
+    return identity_of(sched, ev) if sched is not None and ev is not None else None
 
 
 @dataclass
@@ -266,12 +258,6 @@ class DeadLetterTally:
 
 
 # --- identity -------------------------------------------------------------------------------------
-
-def check_identity(identity: str) -> str:
-    if not IDENTITY_PATTERN.fullmatch(identity):
-        raise ConfigError("an identity is sched_ and 64 lower-case hex digits (as logs, status and "
-                          "inspect show it)")
-    return identity
 
 
 async def identity_view(bootstrap: clients.Conn, sched: SchedulerDef, identity: str) -> IdentityView:
