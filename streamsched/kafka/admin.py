@@ -347,14 +347,24 @@ def _verify(specs: list[TopicSpec], partitions: dict[str, int], configs: dict[st
     return sorted(found, key=lambda m: m.field in DRIFT_FIELDS)
 
 
-async def described_partition_counts(admin: Any, topics: list[str]) -> dict[str, int]:
-    """Partition counts of ``topics`` through a started admin client (missing ones left out)."""
-    return {d["topic"]: len(d["partitions"]) for d in await admin.describe_topics(topics)
-            if d.get("topic") in topics and d.get("error_code", 0) == 0}
-
-
 TOPIC_AUTHORIZATION_FAILED = 29
 """Kafka's error code of a topic the principal may not describe (metadata hides it)."""
+
+
+async def described_partition_counts(admin: Any, topics: list[str], *,
+                                     authorized: bool = False) -> dict[str, int]:
+    """Partition counts of ``topics`` through a started admin client (missing ones left out;
+    with ``authorized``, one the principal may not describe raises aiokafka's
+    ``TopicAuthorizationFailedError`` instead of looking missing)."""
+    described = await admin.describe_topics(topics)
+    refused = sorted(str(d.get("topic")) for d in described
+                     if d.get("topic") in topics and d.get("error_code") == TOPIC_AUTHORIZATION_FAILED)
+    if authorized and refused:
+        from aiokafka.errors import TopicAuthorizationFailedError
+
+        raise TopicAuthorizationFailedError(", ".join(refused))
+    return {d["topic"]: len(d["partitions"]) for d in described
+            if d.get("topic") in topics and d.get("error_code", 0) == 0}
 
 
 async def partition_counts(bootstrap: clients.Conn, topics: Iterable[str], *,
@@ -367,14 +377,7 @@ async def partition_counts(bootstrap: clients.Conn, topics: Iterable[str], *,
     admin = clients.admin(bootstrap)
     await admin.start()
     try:
-        if authorized:
-            described = await admin.describe_topics(wanted)
-            refused = [d.get("topic") for d in described if d.get("error_code") == TOPIC_AUTHORIZATION_FAILED]
-            if refused:
-                from aiokafka.errors import TopicAuthorizationFailedError
-
-                raise TopicAuthorizationFailedError(", ".join(sorted(str(t) for t in refused)))
-        counts = await described_partition_counts(admin, wanted)
+        counts = await described_partition_counts(admin, wanted, authorized=authorized)
     finally:
         await admin.close()
     missing = [t for t in wanted if t not in counts]

@@ -132,9 +132,7 @@ async def scan_states(bootstrap: clients.Conn, topic: str, partition: int, ident
 
 async def _audit(bootstrap: clients.Conn, topic: str, partition: int, identity: str,
                  meter: Meter) -> tuple[AuditEntry, ...]:
-    """The identity's audit entries on ``topic[partition]`` (none if the topic does not exist)."""
-    if not (await partition_counts(bootstrap, [topic], missing_ok=True))[topic]:
-        return ()
+    """The identity's audit entries on ``topic[partition]``."""
     key = identity.encode()
     entries: list[AuditEntry] = []
     async with PartitionReader(bootstrap, topic, partition) as reader:
@@ -173,8 +171,10 @@ async def inspect_identity(bootstrap: clients.Conn, scheduler: SchedulerDef, *,
         raise ConfigError("inspect needs exactly one of --event and --identity")
     if identity is not None:
         identity = check_identity(identity)  # before anything is asked of the cluster
-    counts = await partition_counts(bootstrap, [scheduler.topic, scheduler.state_topic], missing_ok=True,
-                                    authorized=True)
+    # One request for every topic it reads (the audit topic is missing where no worker of this
+    # version ran yet: then there is no audit trail to show).
+    topics = [scheduler.topic, scheduler.state_topic, scheduler.audit_topic]
+    counts = await partition_counts(bootstrap, topics, missing_ok=True, authorized=True)
     partitions = counts[scheduler.topic]
     if not partitions:
         raise ConfigError(f"topic {scheduler.topic} does not exist")
@@ -202,7 +202,8 @@ async def inspect_identity(bootstrap: clients.Conn, scheduler: SchedulerDef, *,
         if identity not in found and len(candidates) > 1:
             continue  # not here: the next partition
         committed = await _committed(bootstrap, scheduler.group, scheduler.topic, p)
-        audit = await _audit(bootstrap, scheduler.audit_topic, p, identity, meter)
+        audit = (await _audit(bootstrap, scheduler.audit_topic, p, identity, meter)
+                 if counts[scheduler.audit_topic] else ())
         base = replace(base, audit=audit)
         if st is None:
             return replace(base, partition=p, committed_offset=committed, state_end_offset=end,
