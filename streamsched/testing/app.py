@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -50,6 +51,17 @@ DEFAULT_START_NS = 1_767_225_600 * 1_000_000_000
 _NS = {"seconds": 10**9, "minutes": 60 * 10**9, "hours": 3600 * 10**9, "days": 86_400 * 10**9}
 MAX_STEPS = 100_000
 """Most clock steps one ``advance`` takes (each stops at the next due item or tick)."""
+
+
+@dataclass(frozen=True)
+class RedriveRecord:
+    """A re-drive request as the delay-topic record that carries it."""
+
+    topic: str
+    value: bytes | None
+    key: bytes
+    partition: int
+    headers: list[tuple[str, bytes]]
 
 
 class TestApp:
@@ -239,6 +251,19 @@ class TestApp:
         has now, to the scheduler's delay topic in the identity's home partition; then settle.
         Given an event, the owner reopens the identity and runs that event again; given an
         identity, it only reopens (its next delivery runs)."""
+        self.produce_redrive(self.redrive_request(event, scheduler=scheduler, reason=reason, force=force,
+                                                  principal=principal))
+        await self.settle()
+
+    def produce_redrive(self, record: RedriveRecord, *, topic: str | None = None) -> None:
+        """Write ``record`` (to its delay topic, or to ``topic``), without settling."""
+        self.kafka.produce(topic or record.topic, record.value, key=record.key,
+                           partition=record.partition if topic is None else None, headers=record.headers)
+
+    def redrive_request(self, event: TransitionEvent | str, *, scheduler: str | None = None, reason: str = "",
+                        force: bool = False, principal: str = "User:test") -> RedriveRecord:
+        """The record :meth:`redrive` produces, not produced: a test may write it twice, or
+        elsewhere, with :meth:`produce_redrive`."""
         s = self.scheduler(scheduler)
         identity = event if isinstance(event, str) else self.identity(event, scheduler=s.name)
         key = identity.encode()
@@ -254,8 +279,7 @@ class TestApp:
         else:
             key, value, headers = redrive_record(request, encode_transition(event),
                                                  route_key(event.tenant, event.target))
-        self.kafka.produce(s.delay_topic, value, key=key, partition=partition, headers=headers)
-        await self.settle()
+        return RedriveRecord(s.delay_topic, value, key, partition, headers)
 
     def audit(self, event: TransitionEvent | str, *, scheduler: str | None = None) -> list[AuditEntry]:
         """The committed audit entries of an identity (what its owners did with re-drives)."""

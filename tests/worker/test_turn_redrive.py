@@ -12,11 +12,9 @@ import pytest
 
 from streamsched import App, CommandContext, Emit, Selection, Turn, external_command, kafka_command
 from streamsched.model.claims import ClaimStatus, OutcomeKind
-from streamsched.model.identity import route_key
 from streamsched.model.retry import Terminal
 from streamsched.testing import TestApp
-from streamsched.wire.control import REDRIVE, RedriveRequest, redrive_record
-from streamsched.wire.transition import encode_transition
+from streamsched.wire.control import REDRIVE
 
 
 class Flaky:
@@ -72,31 +70,20 @@ async def test_a_request_delivered_twice_runs_the_identity_once() -> None:
     flaky = Flaky()
     async with TestApp(app_with(flaky)) as t:
         [ev] = await t.emit(type="due", tenant="acme", target=["inv-2"])
-        st = t.state(ev)
-        assert st is not None
         flaky.broken = False
-        s = t.scheduler()
-        request = RedriveRequest.new(t.identity(ev), st.revision, principal="User:ops", at_ns=t.now_ns)
-        key, value, headers = redrive_record(request, encode_transition(ev), route_key(ev.tenant, ev.target))
-        [home] = {r.partition for r in t.kafka.records(s.state_topic) if r.key == t.identity(ev).encode()}
+        record = t.redrive_request(ev, principal="User:ops")
         for _ in range(2):  # e.g. re-read after a crash before its offset committed
-            t.kafka.produce(s.delay_topic, value, key=key, partition=home, headers=headers)
+            t.produce_redrive(record)
             await t.settle()
         assert flaky.runs == {"inv-2": 2}  # the failure, then the re-drive: once
         assert [(e.result, e.why) for e in t.audit(ev)] == [("reopened", ""), ("refused", "changed")]
         # Twice in one batch: the second follows the first's claim and is refused under it.
         flaky.broken = True
         [ev2] = await t.emit(type="due", tenant="acme", target=["inv-2b"])
-        st2 = t.state(ev2)
-        assert st2 is not None
         flaky.broken = False
-        request = RedriveRequest.new(t.identity(ev2), st2.revision, principal="User:ops", at_ns=t.now_ns)
-        route2 = route_key(ev2.tenant, ev2.target)
-        key, value, headers = redrive_record(request, encode_transition(ev2), route2)
-        key2 = t.identity(ev2).encode()
-        [home] = {r.partition for r in t.kafka.records(s.state_topic) if r.key == key2}
+        record = t.redrive_request(ev2, principal="User:ops")
         for _ in range(2):
-            t.kafka.produce(s.delay_topic, value, key=key, partition=home, headers=headers)
+            t.produce_redrive(record)
         await t.settle()
         assert flaky.runs["inv-2b"] == 2
         assert [(e.result, e.why) for e in t.audit(ev2)] == [("reopened", ""), ("refused", "live_claim")]
@@ -135,12 +122,9 @@ async def test_a_control_record_on_the_transition_topic_is_a_dead_letter_and_nev
     flaky = Flaky()
     async with TestApp(app_with(flaky)) as t:
         [ev] = await t.emit(type="due", tenant="acme", target=["inv-5"])
-        st = t.state(ev)
-        assert st is not None
         flaky.broken = False
-        request = RedriveRequest.new(t.identity(ev), st.revision, principal="User:svc", at_ns=t.now_ns)
-        key, value, headers = redrive_record(request, encode_transition(ev), route_key(ev.tenant, ev.target))
-        t.kafka.produce("invoices", value, key=key, headers=headers)  # any service can write here
+        # The transition topic, which any service may write to.
+        t.produce_redrive(t.redrive_request(ev, principal="User:svc"), topic="invoices")
         await t.settle()
         assert flaky.runs == {"inv-5": 1}
         assert t.audit(ev) == []
