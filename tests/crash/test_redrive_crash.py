@@ -17,23 +17,19 @@ import pytest
 
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import route_key
 from streamsched.ops.inspect import identity_of, inspect_identity
 from streamsched.ops.redrive import Target, redrive
 from streamsched.testing import WorkerProcess, make_event, produce_events, wait_for
 from streamsched.wire.control import RedriveRequest, redrive_record
 from streamsched.wire.transition import encode_transition
-from tests.security.operator_app import make_app
+from streamsched.worker.app import SchedulerDef
+from tests.security.operator_app import make_app, runs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
 
 APP_REF = "tests.security.operator_app:app"
-
-
-def _runs(path: Path) -> list[tuple[str, int]]:
-    if not path.exists():
-        return []
-    return [(t, int(f)) for t, f in (line.split() for line in path.read_text().splitlines())]
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -43,22 +39,35 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
             "STREAMSCHED_SESSION_TIMEOUT_MS": "6000", **extra}
 
 
+async def _scheduler(bootstrap: str, env: dict[str, str], tmp_path: Path, partitions: int) -> SchedulerDef:
+    """The operator app's scheduler under ``env``, its topics made, its command failing (the bug)."""
+    sched = make_app(env["OPERATOR_SCHED"], env["OPERATOR_TOPIC"]).one()
+    await apply(bootstrap, [TopicSpec(sched.topic, partitions, 1, "transition"),
+                            *sched.internal_topics(partitions, 1)])
+    (tmp_path / "bug").write_text("present")
+    return sched
+
+
+async def _fails_once(bootstrap: str, sched: SchedulerDef, ev: TransitionEvent,
+                     worker: WorkerProcess) -> None:
+    """Produce ``ev`` and wait until ``worker`` stored its FAILED outcome."""
+    await produce_events(bootstrap, sched.topic, [ev])
+
+    async def failed() -> bool:
+        assert worker.alive(), worker.log_tail()
+        return (await inspect_identity(bootstrap, sched, event=ev)).outcome == "FAILED"
+
+    await wait_for(failed, timeout=120, what="the first run to fail")
+
+
 async def test_an_owner_killed_after_applying_a_redrive_runs_the_identity_once_after_restart(
         bootstrap: str, tmp_path: Path) -> None:
     env = _env(tmp_path)
-    sched = make_app(env["OPERATOR_SCHED"], env["OPERATOR_TOPIC"]).one()
-    await apply(bootstrap, [TopicSpec(sched.topic, 2, 1, "transition"), *sched.internal_topics(2, 1)])
-    (tmp_path / "bug").write_text("present")
+    sched = await _scheduler(bootstrap, env, tmp_path, 2)
     ev = make_event("due", "acme", ["inv-crash"])
     first = WorkerProcess(APP_REF, bootstrap, env=env, log_path=tmp_path / "first.log").start()
     try:
-        await produce_events(bootstrap, sched.topic, [ev])
-
-        async def failed() -> bool:
-            assert first.alive(), first.log_tail()
-            return (await inspect_identity(bootstrap, sched, event=ev)).outcome == "FAILED"
-
-        await wait_for(failed, timeout=120, what="the first run to fail")
+        await _fails_once(bootstrap, sched, ev, first)
     finally:
         assert first.terminate() == 0, first.log_tail()
     (tmp_path / "bug").unlink()
@@ -70,7 +79,7 @@ async def test_an_owner_killed_after_applying_a_redrive_runs_the_identity_once_a
     report = await redrive(bootstrap, sched, [Target(identity_of(sched, ev), ev)], reason="after the fix")
     assert len(report.requested) == 1
     assert await doomed.wait_exit(timeout=90) == -signal.SIGKILL, doomed.log_tail()
-    assert [t for t, _ in _runs(tmp_path / "runs")] == ["inv-crash"]  # killed before the command ran
+    assert [t for t, _ in runs(tmp_path / "runs")] == ["inv-crash"]  # killed before the command ran
     applied = await inspect_identity(bootstrap, sched, event=ev)
     assert applied.status == "CLAIMED" and applied.outcome is None and [e.result for e in applied.audit] == [
         "reopened"]
@@ -84,9 +93,9 @@ async def test_an_owner_killed_after_applying_a_redrive_runs_the_identity_once_a
         await wait_for(succeeded, timeout=120, what="the re-driven identity to run after the restart")
     finally:
         assert survivor.terminate() == 0, survivor.log_tail()
-    runs = _runs(tmp_path / "runs")
-    assert [t for t, _ in runs] == ["inv-crash", "inv-crash"], runs  # the failure, then exactly one more
-    assert runs[1][1] > applied.fence > runs[0][1]  # type: ignore[operator]
+    done_runs = runs(tmp_path / "runs")
+    assert [t for t, _ in done_runs] == ["inv-crash", "inv-crash"], done_runs  # the failure, then one more
+    assert done_runs[1][1] > applied.fence > done_runs[0][1]  # type: ignore[operator]
     final = await inspect_identity(bootstrap, sched, event=ev)
     assert [(e.result, e.why) for e in final.audit] == [("reopened", ""), ("refused", "changed")]
 
@@ -94,24 +103,16 @@ async def test_an_owner_killed_after_applying_a_redrive_runs_the_identity_once_a
 async def test_a_redrive_racing_a_running_execution_never_runs_the_identity_twice_at_once(
         bootstrap: str, tmp_path: Path) -> None:
     env = _env(tmp_path, OPERATOR_SLEEP_S="4")
-    sched = make_app(env["OPERATOR_SCHED"], env["OPERATOR_TOPIC"]).one()
-    await apply(bootstrap, [TopicSpec(sched.topic, 1, 1, "transition"), *sched.internal_topics(1, 1)])
-    (tmp_path / "bug").write_text("present")
+    sched = await _scheduler(bootstrap, env, tmp_path, 1)
     ev = make_event("due", "acme", ["inv-race"])
     worker = WorkerProcess(APP_REF, bootstrap, env=env, log_path=tmp_path / "worker.log").start()
     try:
-        await produce_events(bootstrap, sched.topic, [ev])
-
-        async def failed() -> bool:
-            assert worker.alive(), worker.log_tail()
-            return (await inspect_identity(bootstrap, sched, event=ev)).outcome == "FAILED"
-
-        await wait_for(failed, timeout=120, what="the first run to fail")
+        await _fails_once(bootstrap, sched, ev, worker)
         (tmp_path / "bug").unlink()
         await redrive(bootstrap, sched, [Target(identity_of(sched, ev), ev)])
 
         async def running() -> bool:
-            return len(_runs(tmp_path / "runs")) == 2
+            return len(runs(tmp_path / "runs")) == 2
 
         await wait_for(running, timeout=60, what="the re-driven run to start")
         held = await inspect_identity(bootstrap, sched, event=ev)
@@ -136,8 +137,8 @@ async def test_a_redrive_racing_a_running_execution_never_runs_the_identity_twic
         await wait_for(settled, timeout=60, what="the running execution to finish and the race to be audited")
     finally:
         assert worker.terminate() == 0, worker.log_tail()
-    runs = _runs(tmp_path / "runs")
-    assert len(runs) == 2, runs  # the failure and the one re-drive: the racing request ran nothing
+    done_runs = runs(tmp_path / "runs")
+    assert len(done_runs) == 2, done_runs  # the failure and the one re-drive: the racing request ran nothing
     view = await inspect_identity(bootstrap, sched, event=ev)
     assert [(e.result, e.why) for e in view.audit] == [("reopened", ""), ("refused", "live_claim")]
 

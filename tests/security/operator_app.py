@@ -43,3 +43,10 @@ def make_app(name: str, topic: str) -> App:
 
 app = make_app(os.environ.get("OPERATOR_SCHED", "operator_app"),
                os.environ.get("OPERATOR_TOPIC", "operator-app"))
+
+
+def runs(path: Path) -> list[tuple[str, int]]:
+    """The ``(target, fence)`` of every run the command recorded in ``path`` so far."""
+    if not path.exists():
+        return []
+    return [(t, int(f)) for t, f in (line.split() for line in path.read_text().splitlines())]

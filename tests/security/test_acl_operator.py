@@ -23,7 +23,7 @@ from streamsched.ops.broker import LocalCluster
 from streamsched.ops.inspect import inspect_identity
 from streamsched.testing import ROOT, WorkerProcess, make_event, produce_events, wait_for
 from streamsched.worker.app import SchedulerDef
-from tests.security.operator_app import make_app
+from tests.security.operator_app import make_app, runs
 from tests.security.role_support import cli
 
 APP_REF = "tests.security.operator_app:app"
@@ -39,12 +39,6 @@ class OperatorRig:
     files: dict[str, Path]
     runs: Path
     fail: Path
-
-
-def _runs(path: Path) -> list[tuple[str, int]]:
-    if not path.exists():
-        return []
-    return [(t, int(f)) for t, f in (line.split() for line in path.read_text().splitlines())]
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +101,8 @@ async def test_an_operator_with_its_plan_inspects_and_redrives_through_the_owner
         await wait_for(succeeded, timeout=120, what="the re-driven identity to run again")
         view = await inspect_identity(rig.operator, rig.sched, event=ev)
         assert view.audit[0].principal == "User:operator" and view.audit[0].reason == "bug fixed"
-        runs = _runs(rig.runs)
-        assert [t for t, _ in runs] == ["inv-op", "inv-op"] and runs[1][1] > runs[0][1]
+        done_runs = runs(rig.runs)
+        assert [t for t, _ in done_runs] == ["inv-op", "inv-op"] and done_runs[1][1] > done_runs[0][1]
     finally:
         assert worker.terminate() == 0, worker.log_tail()
 
