@@ -16,6 +16,7 @@ from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import business_identity
+from streamsched.model.retry import Terminal
 from streamsched.ops.broker import LocalCluster
 from streamsched.testing import running_worker, wait_drained
 from streamsched.worker.app import SchedulerDef
@@ -139,3 +140,22 @@ def recording_scheduler(unique: Callable[[str], str]) -> RecordingFactory:
         return Recording(app.schedulers[name], calls)
 
     return make
+
+
+def failing_scheduler(topic: str, name: str, *, error: str) -> SchedulerDef:
+    """A scheduler whose one external command succeeds for every target but those starting with
+    "bad", which fail terminally with ``error`` (a marker tests look for where it must not show)."""
+    app = App("failing")
+
+    @external_command()
+    async def record(ctx: CommandContext) -> str:
+        return ctx.idempotency_key
+
+    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
+                   claim_duration_s=5)
+    async def handle(turn: Turn) -> None:
+        if turn.event.target[0].startswith("bad"):
+            raise Terminal(error)
+        await turn.commands.record()
+
+    return app.schedulers[name]

@@ -27,7 +27,6 @@ from yarl import URL
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.errors import ConfigError
-from streamsched.model.retry import Terminal
 from streamsched.ops.cli import main
 from streamsched.ops.console import Console, ConsoleConfig, load_tokens
 from streamsched.ops.console.app import build_app
@@ -39,30 +38,15 @@ from streamsched.ops.inspect import identity_of
 from streamsched.schedules.catalog import Catalog
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
 from streamsched.worker.app import SchedulerDef
-from tests.conftest import TopicFactory
+from tests.conftest import TopicFactory, failing_scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
+HANDLER_ERROR = "no such account: MARKER-ERROR"
 TOKEN = "s3cret-console-token-0123456789"
 UNREACHABLE = "127.0.0.1:1"
 PAGES = ("/", "/schedulers", "/schedules", "/dlq", "/identity")
 
 
-def failing_scheduler(topic: str, name: str) -> SchedulerDef:
-    """Succeeds for every target but those starting with "bad", which fail terminally."""
-    app = App("console")
-
-    @external_command()
-    async def record(ctx: CommandContext) -> str:
-        return ctx.idempotency_key
-
-    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
-                   claim_duration_s=5)
-    async def handle(turn: Turn) -> None:
-        if turn.event.target[0].startswith("bad"):
-            raise Terminal("no such account: MARKER-ERROR")
-        await turn.commands.record()
-
-    return app.schedulers[name]
 
 
 @pytest.fixture
@@ -150,7 +134,7 @@ async def test_a_foreign_host_name_is_not_answered(client_for: Callable[..., Any
 
 
 async def test_errors_are_one_safe_line(client_for: Callable[..., Any]) -> None:
-    sched = failing_scheduler("console-unused", "console_unused")
+    sched = failing_scheduler("console-unused", "console_unused", error=HANDLER_ERROR)
     client = await client_for(schedulers=[sched])
     resp = await client.get("/identity", params={"scheduler": sched.name, "identity": "sched_<b>x</b>"})
     text = await resp.text()
@@ -233,7 +217,7 @@ async def make_scene(bootstrap: str, make_topic: TopicFactory, unique: Callable[
     """The scene; ``before_traffic(scheduler, catalog name)`` may start a console first, and
     ``before_worker()`` wait until its sampler saw the lag (then the chart shows it)."""
     topic = await make_topic("console", partitions=2)
-    sched = failing_scheduler(topic, unique("console").replace("-", "_"))
+    sched = failing_scheduler(topic, unique("console").replace("-", "_"), error=HANDLER_ERROR)
     catalog_name = unique("cc")
     if before_traffic is not None:
         await before_traffic(sched, catalog_name)

@@ -11,38 +11,23 @@ from collections.abc import Callable
 import pytest
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
-from streamsched.model.retry import Terminal
 from streamsched.ops.cli import load_app, main
 from streamsched.ops.inspect import format_view, identity_of, inspect_identity
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained
-from streamsched.worker.app import SchedulerDef
-from tests.conftest import TopicFactory
+from tests.conftest import TopicFactory, failing_scheduler
 
 pytestmark = [pytest.mark.kafka]
 
+HANDLER_ERROR = "no such account: secret-detail"
+"""What a failing handler raises: it must never reach a page, a log or an error."""
 
-def failing_app(topic: str, name: str) -> SchedulerDef:
-    """Succeeds for every target but those starting with "bad", which fail terminally."""
-    app = App("inspect")
 
-    @external_command()
-    async def record(ctx: CommandContext) -> str:
-        return ctx.idempotency_key
-
-    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
-                   claim_duration_s=5)
-    async def handle(turn: Turn) -> None:
-        if turn.event.target[0].startswith("bad"):
-            raise Terminal("no such account: secret-detail")
-        await turn.commands.record()
-
-    return app.schedulers[name]
 
 
 async def test_inspect_reports_the_claim_of_a_resolved_identity_and_nothing_else(
         bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str]) -> None:
     topic = await make_topic("insp", partitions=4)
-    sched = failing_app(topic, unique("insp").replace("-", "_"))
+    sched = failing_scheduler(topic, unique("insp").replace("-", "_"), error=HANDLER_ERROR)
     good = [make_event("due", "tenant-pii", [f"acct-{i}"]) for i in range(6)]
     bad = make_event("due", "tenant-pii", ["bad-acct"])
     await produce_events(bootstrap, topic, [*good, bad])
