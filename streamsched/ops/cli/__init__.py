@@ -30,6 +30,7 @@ from streamsched.ops.cli.commands import (
 from streamsched.ops.cli.common import (
     DEFAULT_DATA_DIR,
     EXIT_CODES,
+    check_environment,
     connect,
     early_signal,
     load_app,
@@ -46,6 +47,10 @@ __all__ = ["DEFAULT_DATA_DIR", "EXIT_CODES", "build_parser", "cmd_acl", "cmd_bro
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        check_environment()
+    except Exception as exc:  # noqa: BLE001 - a bad variable is one line and an exit code
+        return report_failure(exc)
     if os.environ.get("STREAMSCHED_LOG", "").upper() != "DEBUG":
         # aiokafka's per-address bootstrap ERRORs: held, and named in our one-line error instead.
         clientlog.install_bootstrap()

@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +141,11 @@ exit codes:
   128+N  stopped at once by a second signal N (130: two Ctrl-C, 143: two SIGTERMs)
 every failure is one line on stderr ("streamsched: ..."); STREAMSCHED_LOG=DEBUG adds the traceback
 """
+
+
+def check_environment(env: Mapping[str, str] | None = None) -> None:
+    """Every ``STREAMSCHED_*`` variable checked before a command starts (filled in by the settings
+    table): a bad value is a :class:`ConfigError` naming the variable, never a traceback later."""
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
