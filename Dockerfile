@@ -41,9 +41,9 @@ ENV PYTHONUNBUFFERED=1 \
 # makes restarts warm; losing it costs a cold restore, never correctness. Not a VOLUME: one-shot
 # commands (emit, topics apply) would each leave an anonymous volume behind.
 EXPOSE 9464
-# Readiness of a worker or ticker: every assigned partition restored, owned and running.
-HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/readyz', timeout=2)"]
+# No HEALTHCHECK here: only a worker (`run`), a ticker or a relay started with --status-port serves
+# /readyz, so an image-wide check would mark a relay or a one-shot command unhealthy. compose.yaml
+# and deploy/kubernetes/ probe /readyz on exactly the services that serve it.
 # Exec form: streamsched is PID 1 and receives SIGTERM itself (drain, commit, leave the group).
 ENTRYPOINT ["streamsched"]
 CMD ["--help"]

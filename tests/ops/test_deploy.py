@@ -69,7 +69,7 @@ def k8s_docs() -> list[dict[str, Any]]:
 
 # --- Dockerfile -----------------------------------------------------------------------------------
 
-def test_dockerfile_is_multi_stage_non_root_exec_form_with_a_readiness_healthcheck() -> None:
+def test_dockerfile_is_multi_stage_non_root_exec_form_without_an_image_wide_healthcheck() -> None:
     steps = dockerfile()
     words = [w for w, _ in steps]
     args = {w: [a for x, a in steps if x == w] for w in words}
@@ -85,8 +85,8 @@ def test_dockerfile_is_multi_stage_non_root_exec_form_with_a_readiness_healthche
     assert user and user[-1].split(":")[0] not in ("root", "0")
     entrypoint = json.loads(args["ENTRYPOINT"][-1])  # exec form: a JSON array, no shell
     assert entrypoint == ["streamsched"]
-    check = args["HEALTHCHECK"][-1]
-    assert "/readyz" in check and json.loads(check[check.index("CMD") + 3:].strip())[0] == "python"
+    # A relay or one-shot command from the image serves no /readyz: the check is per service.
+    assert "HEALTHCHECK" not in args
     for copy in args["COPY"]:
         if "--from" not in copy:
             for src in copy.split()[:-1]:
@@ -113,6 +113,10 @@ def test_compose_parses_and_every_command_parses_with_the_cli(monkeypatch: pytes
             assert float(svc["stop_grace_period"].removesuffix("s")) > DRAIN_S
             assert svc["depends_on"]["topics"]["condition"] == "service_completed_successfully"
             assert args.fn in (cli.cmd_run, cli.cmd_schedule)
+            probe = svc["healthcheck"]["test"]
+            assert probe[:3] == ["CMD", "python", "-c"] and "127.0.0.1:9464/readyz" in probe[3], name
+        else:  # serves no status: no probe that could only fail
+            assert svc["healthcheck"] == {"disable": True}
     assert services["ticker"]["command"][:2] == ["schedule", "tick"]
     assert services["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
     kafka = services["kafka"]
@@ -143,6 +147,14 @@ def test_images_are_pinned() -> None:
         spec = doc.get("spec", {}).get("template", {}).get("spec", {})
         images += [c["image"] for c in spec.get("containers", [])]
     assert images and all(PINNED.match(i) for i in images), images
+    # The version lives in streamsched/__init__.py alone: every image tag of ours follows it.
+    import streamsched
+
+    ours = [i for i in images if OUR_IMAGE.match(i)]
+    tagged = re.findall(r"streamsched:(\d+\.\d+\.\d+)", (ROOT / "Dockerfile").read_text())
+    assert ours and {i.split(":")[1] for i in ours} | set(tagged) == {streamsched.__version__}, ours
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and "\nversion =" not in pyproject.split("[tool.")[0]
     from streamsched.ops import broker
 
     tested = {broker.KAFKA_VERSION, *getattr(broker, "TESTED_KAFKA_VERSIONS", ())}
