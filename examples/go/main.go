@@ -406,17 +406,22 @@ func main() {
 	defer client.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	results := client.ProduceSync(ctx, records...)
+	// ProduceSync returns the results in the order the records completed: report them in the
+	// order they were given (the records themselves carry their partition and offset).
+	errs := map[*kgo.Record]error{}
+	for _, r := range client.ProduceSync(ctx, records...) {
+		errs[r.Record] = r.Err
+	}
 	out := json.NewEncoder(os.Stdout)
 	failed := false
-	for i, r := range results {
-		if r.Err != nil {
-			fmt.Fprintf(os.Stderr, "record %d: %v\n", i, r.Err)
+	for i, r := range records {
+		if err := errs[r]; err != nil {
+			fmt.Fprintf(os.Stderr, "record %d: %v\n", i, err)
 			failed = true
 			continue
 		}
-		line := map[string]any{"event_id": events[i].event.EventID, "key": string(r.Record.Key),
-			"partition": r.Record.Partition, "offset": r.Record.Offset}
+		line := map[string]any{"event_id": events[i].event.EventID, "key": string(r.Key),
+			"partition": r.Partition, "offset": r.Offset}
 		if events[i].name != "" {
 			line["name"] = events[i].name
 		}

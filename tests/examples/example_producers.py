@@ -6,6 +6,7 @@ Imported as ``example_producers`` by the tests beside it (pytest puts this folde
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -69,10 +70,9 @@ def cached_build(source: Path, files: list[str], build: Callable[[Path], None], 
         shutil.copyfile(source / rel, work / rel)
     try:
         build(work)
-        try:
+        # Fails if another run got there first: its build is as good.
+        with contextlib.suppress(OSError):
             work.rename(final)
-        except OSError:  # another run got there first: its build is as good
-            pass
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return final
