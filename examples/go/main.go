@@ -182,14 +182,13 @@ func check(ev Transition) error {
 	return nil
 }
 
-// checkPayload: one RFC 8259 JSON value in UTF-8, finite numbers, at most maxJSONDepth nested
-// arrays/objects. (Go's decoder accepts an escaped lone surrogate such as "\ud800", which the
-// worker refuses; do not write one.)
+// checkPayload: one RFC 8259 JSON value in UTF-8, finite numbers, well-formed strings, at most
+// maxJSONDepth nested arrays/objects.
 func checkPayload(payload []byte) error {
 	if len(payload) > maxPayloadBytes {
 		return errors.New("bound: payload size")
 	}
-	if !utf8.Valid(payload) || !json.Valid(payload) {
+	if !utf8.Valid(payload) || !json.Valid(payload) || loneSurrogate(payload) {
 		return errors.New("payload: invalid json")
 	}
 	dec := json.NewDecoder(bytes.NewReader(payload))
@@ -218,6 +217,38 @@ func checkPayload(payload []byte) error {
 			}
 		}
 	}
+}
+
+// loneSurrogate reports an escaped UTF-16 surrogate without its pair ("\ud800"), which Go's
+// decoder turns into U+FFFD but the worker refuses. payload is valid JSON.
+func loneSurrogate(payload []byte) bool {
+	inString, pendingHigh := false, false
+	for i := 0; i < len(payload); i++ {
+		c := payload[i]
+		if !inString {
+			inString = c == '"'
+			continue
+		}
+		var unit uint64 = 0x10000 // not a \u escape
+		switch c {
+		case '"':
+			inString = false
+		case '\\':
+			if payload[i+1] == 'u' {
+				unit, _ = strconv.ParseUint(string(payload[i+2:i+6]), 16, 16)
+				i += 5
+			} else {
+				i++
+			}
+		}
+		high := unit >= 0xD800 && unit <= 0xDBFF
+		low := unit >= 0xDC00 && unit <= 0xDFFF
+		if pendingHigh != low {
+			return true // a high surrogate not followed by a low one, or a low one alone
+		}
+		pendingHigh = high
+	}
+	return pendingHigh
 }
 
 func validOrigin(o string) bool {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -107,6 +108,26 @@ func TestKafkaMurmur2(t *testing.T) {
 		key, _ := hex.DecodeString(v.KeyHex)
 		if got := partitionOf(key, 1<<31); got != v.Positive {
 			t.Errorf("murmur2 of %s: %d, want %d", v.KeyHex, got, v.Positive)
+		}
+	}
+}
+
+// Payloads the worker refuses besides those of the vectors: Go's decoder accepts them.
+func TestPayloadCornerCases(t *testing.T) {
+	for payload, ok := range map[string]bool{
+		`"\ud83d\ude00"`:        true, // a surrogate pair: one character
+		`{"a\\ud800": "\\"}`:    true, // escaped backslashes, no escape
+		`"\ud800"`:              false,
+		`"\udc00"`:              false,
+		`["\ud800x", 1]`:        false,
+		`{"k": "\ud83d\ud83d"}`: false,
+		`1e400`:                 false, // not a finite double
+		`1e-400`:                true,
+		strings.Repeat("[", 64) + strings.Repeat("]", 64): true,
+		strings.Repeat("[", 65) + strings.Repeat("]", 65): false,
+	} {
+		if err := checkPayload([]byte(payload)); (err == nil) != ok {
+			t.Errorf("%s: %v, want accepted=%v", payload, err, ok)
 		}
 	}
 }

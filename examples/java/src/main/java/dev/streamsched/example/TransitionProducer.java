@@ -216,7 +216,14 @@ public final class TransitionProducer {
                         }
                     }
                     case END_OBJECT, END_ARRAY -> depth--;
-                    case FIELD_NAME, VALUE_STRING -> strict(p.getText(), "payload");
+                    case FIELD_NAME, VALUE_STRING -> {
+                        // Jackson decodes an escaped lone surrogate ("\ud800"); the worker refuses it.
+                        try {
+                            strict(p.getText(), "payload");
+                        } catch (Refused e) {
+                            throw new Refused("payload: invalid json");
+                        }
+                    }
                     case VALUE_NUMBER_FLOAT -> {
                         if (!Double.isFinite(p.getDoubleValue())) {
                             throw new Refused("payload: invalid json");
@@ -483,14 +490,40 @@ public final class TransitionProducer {
                 mismatches.add("murmur2 of " + v.get("key_hex").asText());
             }
         }
+        // Payloads the worker refuses (or accepts) beyond the vectors' cases.
+        for (Map.Entry<String, Boolean> c : PAYLOAD_CASES.entrySet()) {
+            boolean accepted;
+            try {
+                checkPayload(c.getKey());
+                accepted = true;
+            } catch (Refused e) {
+                accepted = false;
+            }
+            if (accepted != c.getValue()) {
+                mismatches.add("payload " + c.getKey() + (accepted ? ": not refused" : ": refused"));
+            }
+        }
         ObjectNode summary = JSON.createObjectNode();
         summary.put("valid", valid);
         summary.put("invalid", invalid);
         summary.put("murmur2", murmur);
+        summary.put("payloads", PAYLOAD_CASES.size());
         summary.set("mismatches", JSON.valueToTree(mismatches));
         System.out.println(summary);
         return mismatches.isEmpty() && valid > 0 ? 0 : 1;
     }
+
+    static final Map<String, Boolean> PAYLOAD_CASES = Map.of(
+            "\"\\ud83d\\ude00\"", true,               // an escaped surrogate pair: one character
+            "\"\\ud800\"", false,                     // a lone surrogate
+            "{\"k\": \"\\ud83d\\ud83d\"}", false,
+            "1e400", false,                           // beyond a double
+            "1e-400", true,
+            "{\"a\": 1, \"a\": 2}", true,             // duplicate keys: accepted, as by the worker
+            " 42 ", true,
+            "[1,]", false,
+            "NaN", false,
+            "[".repeat(MAX_JSON_DEPTH + 1) + "]".repeat(MAX_JSON_DEPTH + 1), false);
 
     // --- Helpers -------------------------------------------------------------------------------
 
