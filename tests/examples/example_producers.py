@@ -31,12 +31,28 @@ VECTORS: dict[str, Any] = json.loads(VECTORS_PATH.read_text(encoding="utf-8"))
 SCHEMA = ROOT / "schemas" / "transition.avsc"
 
 
-def need_tools(*tools: str) -> None:
-    """Skip unless every one of ``tools`` is on PATH. On CI (``CI=true``) fail instead: there a
-    missing toolchain is a broken machine, and a skip would hide that the examples went untested."""
-    missing = [t for t in tools if shutil.which(t) is None]
+# Where a toolchain lives when its installer put it on PATH only for interactive shells (Go's
+# official archive goes to /usr/local/go; ~/.bashrc adds it to PATH, which `bash .ci/run` skips).
+FALLBACKS = {"go": [os.path.join(os.environ.get("GOROOT", "/usr/local/go"), "bin", "go"),
+                   "/usr/local/go/bin/go"]}
+
+
+def find_tool(name: str) -> str | None:
+    """``name`` on PATH, or at its usual install location, or None."""
+    found = shutil.which(name)
+    if found:
+        return found
+    return next((p for p in FALLBACKS.get(name, []) if os.access(p, os.X_OK)), None)
+
+
+def need_tools(*tools: str) -> list[str]:
+    """The paths of ``tools``; skips unless all are found. On CI (``CI=true``) fails instead:
+    there a missing toolchain is a broken machine, and a skip would hide that the examples went
+    untested."""
+    found = {t: find_tool(t) for t in tools}
+    missing = [t for t, path in found.items() if path is None]
     if not missing:
-        return
+        return [path for path in found.values() if path is not None]
     reason = f"needs {' and '.join(missing)} on PATH"
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: the example producers must be tested)")

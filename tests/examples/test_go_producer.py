@@ -34,7 +34,8 @@ GO_FILES = ["go.mod", "go.sum", "*.go", "transition.avsc"]
 
 def _go(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # The default module cache (dependencies come from the Go module proxy on first use).
-    return subprocess.run(["go", *args], cwd=cwd, capture_output=True, text=True, timeout=280,
+    [go] = need_tools("go")
+    return subprocess.run([go, *args], cwd=cwd, capture_output=True, text=True, timeout=280,
                           stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
 
 
@@ -46,7 +47,6 @@ def _build(folder: Path) -> None:
 @pytest.fixture(scope="module")
 def producer_binary() -> Path:
     """The example, built by ``go build`` (once per content of the example's sources)."""
-    need_tools("go")
     return cached_build(EXAMPLE, sources(EXAMPLE, *GO_FILES), _build, "go") / "transition-producer"
 
 
@@ -59,7 +59,6 @@ def test_go_producer_matches_the_wire_vectors() -> None:
     """The example's own ``go test``: every valid vector's route key, record value and partition
     (asked of the partitioner the client is configured with), every invalid vector refused, and
     Kafka's murmur2 test values."""
-    need_tools("go")
     proc = _go("test", "-v", ".", cwd=EXAMPLE, env={"WIRE_VECTORS": str(VECTORS_PATH)})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

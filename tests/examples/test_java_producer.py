@@ -31,16 +31,16 @@ PARTITIONS = 8
 JAVA = ["java", "-Xmx256m"]  # the machine is shared with the broker and other tests
 
 
-def _package(folder: Path) -> None:
-    subprocess.run(["mvn", "-q", "-B", "package"], cwd=folder, check=True, timeout=280,
-                   stdin=subprocess.DEVNULL)
-
-
 @pytest.fixture(scope="module")
 def producer_jar() -> Path:
     """The example, packaged by ``mvn package`` (once per content of the example's sources)."""
-    need_tools("java", "mvn")
-    built = cached_build(EXAMPLE, sources(EXAMPLE, "pom.xml", "src/**/*"), _package, "java")
+    _, mvn = need_tools("java", "mvn")
+
+    def package(folder: Path) -> None:
+        subprocess.run([mvn, "-q", "-B", "package"], cwd=folder, check=True, timeout=280,
+                       stdin=subprocess.DEVNULL)
+
+    built = cached_build(EXAMPLE, sources(EXAMPLE, "pom.xml", "src/**/*"), package, "java")
     return built / "target" / "transition-producer.jar"
 
 
