@@ -112,17 +112,19 @@ func TestKafkaMurmur2(t *testing.T) {
 	}
 }
 
-// Payloads the worker refuses besides those of the vectors: Go's decoder accepts them.
+// Payload corner cases beyond the vectors, each decided as the worker decides it.
 func TestPayloadCornerCases(t *testing.T) {
 	for payload, ok := range map[string]bool{
-		`"\ud83d\ude00"`:        true, // a surrogate pair: one character
-		`{"a\\ud800": "\\"}`:    true, // escaped backslashes, no escape
-		`"\ud800"`:              false,
-		`"\udc00"`:              false,
-		`["\ud800x", 1]`:        false,
-		`{"k": "\ud83d\ud83d"}`: false,
-		`1e400`:                 false, // not a finite double
-		`1e-400`:                true,
+		`"\ud83d\ude00"`:               true, // a surrogate pair: one character
+		`{"a\\ud800": "\\"}`:           true, // escaped backslashes, no escape
+		`"\ud800"`:                     false,
+		`"\udc00"`:                     false,
+		`["\ud800x", 1]`:               false,
+		`{"k": "\ud83d\ud83d"}`:        false,
+		`1e400`:                        false, // not a finite double
+		`1e-400`:                       true,
+		"1" + strings.Repeat("0", 400): false, // beyond a double
+		"\uFEFF{}":                     false, // a byte-order mark
 		strings.Repeat("[", 64) + strings.Repeat("]", 64): true,
 		strings.Repeat("[", 65) + strings.Repeat("]", 65): false,
 	} {

@@ -200,6 +200,9 @@ public final class TransitionProducer {
         if (bytes.length > MAX_PAYLOAD_BYTES) {
             throw new Refused("bound: payload size");
         }
+        if (payload.startsWith("\uFEFF")) {
+            throw new Refused("payload: invalid json"); // Jackson skips a byte-order mark; RFC 8259 does not
+        }
         // One JSON value (RFC 8259: no NaN/Infinity, no comments, no trailing text), finite numbers,
         // well-formed strings, at most MAX_JSON_DEPTH nested arrays/objects.
         try (JsonParser p = STRICT_JSON.createParser(bytes)) {
@@ -224,7 +227,8 @@ public final class TransitionProducer {
                             throw new Refused("payload: invalid json");
                         }
                     }
-                    case VALUE_NUMBER_FLOAT -> {
+                    case VALUE_NUMBER_INT, VALUE_NUMBER_FLOAT -> {
+                        // The worker reads a number beyond 64 bits as a double: it must be finite.
                         if (!Double.isFinite(p.getDoubleValue())) {
                             throw new Refused("payload: invalid json");
                         }
@@ -519,6 +523,8 @@ public final class TransitionProducer {
             "{\"k\": \"\\ud83d\\ud83d\"}", false,
             "1e400", false,                           // beyond a double
             "1e-400", true,
+            "1" + "0".repeat(400), false,
+            "\uFEFF{}", false,                   // a byte-order mark
             "{\"a\": 1, \"a\": 2}", true,             // duplicate keys: accepted, as by the worker
             " 42 ", true,
             "[1,]", false,
