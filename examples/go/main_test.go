@@ -112,7 +112,7 @@ func TestKafkaMurmur2(t *testing.T) {
 	}
 }
 
-// Payload corner cases beyond the vectors, each decided as the worker decides it.
+// Payload corner cases beyond the vectors, each decided as the worker decides them.
 func TestPayloadCornerCases(t *testing.T) {
 	for payload, ok := range map[string]bool{
 		`"\ud83d\ude00"`:               true, // a surrogate pair: one character

@@ -79,6 +79,7 @@ def cached_build(source: Path, files: list[str], build: Callable[[Path], None], 
         digest.update(rel.encode() + b"\0" + (source / rel).read_bytes() + b"\0")
     final = cache_root() / "examples" / f"{name}-{digest.hexdigest()[:16]}"
     if final.is_dir():
+        os.utime(final)  # in use: see _prune
         return final
     work = final.with_name(f"{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     for rel in files:
@@ -91,7 +92,20 @@ def cached_build(source: Path, files: list[str], build: Callable[[Path], None], 
             work.rename(final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _prune(final)
     return final
+
+
+UNUSED_DAYS = 7
+
+
+def _prune(current: Path) -> None:
+    """Drops the builds of older versions of the example that no run used for UNUSED_DAYS (every
+    edit leaves one behind; a recent one may still serve another checkout)."""
+    name = current.name.rsplit("-", 1)[0]
+    for old in current.parent.glob(f"{name}-*"):
+        if old != current and time.time() - old.stat().st_mtime > UNUSED_DAYS * 86400:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def sources(folder: Path, *patterns: str) -> list[str]:

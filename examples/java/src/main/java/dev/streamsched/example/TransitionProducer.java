@@ -517,19 +517,19 @@ public final class TransitionProducer {
         return mismatches.isEmpty() && valid > 0 ? 0 : 1;
     }
 
-    static final Map<String, Boolean> PAYLOAD_CASES = Map.of(
-            "\"\\ud83d\\ude00\"", true,               // an escaped surrogate pair: one character
-            "\"\\ud800\"", false,                     // a lone surrogate
-            "{\"k\": \"\\ud83d\\ud83d\"}", false,
-            "1e400", false,                           // beyond a double
-            "1e-400", true,
-            "1" + "0".repeat(400), false,
-            "\uFEFF{}", false,                   // a byte-order mark
-            "{\"a\": 1, \"a\": 2}", true,             // duplicate keys: accepted, as by the worker
-            " 42 ", true,
-            "[1,]", false,
-            "NaN", false,
-            "[".repeat(MAX_JSON_DEPTH + 1) + "]".repeat(MAX_JSON_DEPTH + 1), false);
+    static final Map<String, Boolean> PAYLOAD_CASES = Map.ofEntries(
+            Map.entry("\"\\ud83d\\ude00\"", true),           // an escaped surrogate pair: one character
+            Map.entry("\"\\ud800\"", false),                 // a lone surrogate
+            Map.entry("{\"k\": \"\\ud83d\\ud83d\"}", false),
+            Map.entry("1e400", false),                       // beyond a double
+            Map.entry("1e-400", true),
+            Map.entry("1" + "0".repeat(400), false),
+            Map.entry("\uFEFF{}", false),                    // a byte-order mark
+            Map.entry("{\"a\": 1, \"a\": 2}", true),         // duplicate keys: accepted, as by the worker
+            Map.entry(" 42 ", true),
+            Map.entry("[1,]", false),
+            Map.entry("NaN", false),
+            Map.entry("[".repeat(MAX_JSON_DEPTH + 1) + "]".repeat(MAX_JSON_DEPTH + 1), false));
 
     // --- Helpers -------------------------------------------------------------------------------
 
