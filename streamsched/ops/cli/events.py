@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -91,9 +92,11 @@ def _instant(text: str, option: str) -> int:
 def cmd_schedule(args: argparse.Namespace) -> int:
     from streamsched.schedules.catalog import Catalog
 
-    catalog = Catalog(connect(args), args.catalog, partitions=args.partitions, replication=args.replication,
-                      allow_single_replica=args.allow_single_replica,
-                      create_topics=not args.no_create_topics)
+    # Only add and tick take the topic-creation flags: the other actions never create topics.
+    catalog = Catalog(connect(args), args.catalog, partitions=getattr(args, "partitions", 4),
+                      replication=getattr(args, "replication", None),
+                      allow_single_replica=getattr(args, "allow_single_replica", False),
+                      create_topics=not getattr(args, "no_create_topics", False))
 
     async def run() -> int:
         if args.action == "add":
@@ -120,7 +123,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             infos = await catalog.list()
             if infos.skipped_corrupt:
                 print(f"{infos.skipped_corrupt} unreadable records skipped", file=sys.stderr)
-            if args.json:
+            if args.output == "json":
                 print(json.dumps([i.as_dict() for i in infos]))
                 return 0
             print(f"{'name':<24} {'spec':<20} {'status':<10} {'next planned (UTC)':<28} fired skipped")
@@ -136,6 +139,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             # A manual run's RUNNING row says which request it was; a trigger's occurrence is its
             # own, so its result rows say so too (a backfilled one shares the scheduled identity).
             triggered = {r.occurrence for r in rows if r.manual == "trigger"}
+            if args.output == "json":
+                print(json.dumps([{**dataclasses.asdict(r), "manual": r.manual or (
+                    "trigger" if r.occurrence in triggered else None)} for r in rows]))
+                return 0
             for r in rows:
                 cause = f" {r.cause_kind}/{r.cause_category}" if r.cause_kind and not r.manual else ""
                 kind = r.manual or ("trigger" if r.occurrence in triggered else None)
