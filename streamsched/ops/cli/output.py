@@ -29,7 +29,7 @@ def table(doc: Any) -> str:
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
     if isinstance(doc, dict):
         width = max((len(str(k)) for k in doc), default=0)
-        return "\n".join(f"{str(k):<{width}}  {_cell(v)}" for k, v in doc.items())
+        return "\n".join(f"{k!s:<{width}}  {_cell(v)}" for k, v in doc.items())
     return json.dumps(doc)
 
 

@@ -34,7 +34,15 @@ from streamsched.ops.cli.grammar import (
     duration,
     int_in,
 )
-from streamsched.ops.cli.parser_families import DLQ_KINDS, add_acl, add_broker, add_dlq, add_outbox, add_schedule, add_topics
+from streamsched.ops.cli.parser_families import (
+    DLQ_KINDS,
+    add_acl,
+    add_broker,
+    add_dlq,
+    add_outbox,
+    add_schedule,
+    add_topics,
+)
 
 _RUN_EPILOG = """\
 environment (besides the flags' own):
@@ -118,7 +126,8 @@ def build_parser() -> Parser:
                    help='the event as a JSON object, e.g. {"type":"due","tenant":"t1","target":["run-1"]} '
                         "(required)")
     e.add_argument("--json", action=Deprecated, target="event", use="--event", metavar="JSON")
-    e.checks.append(lambda a: None if a.event is not None else "the following arguments are required: --event")
+    e.checks.append(lambda a: None if a.event is not None
+                    else "the following arguments are required: --event")
     e.add_argument("--key", default=None,
                    help="record key; must equal the identity's route key (the default), else refused")
     add_connection(e)

@@ -146,7 +146,8 @@ def _catalog(p: Parser, *, creates: bool = False) -> None:
         add_single_replica_option(p)
         p.add_argument("--no-create-topics", action="store_true",
                        help="only verify the catalog's topics, never create them (a ticker role without "
-                            "CREATE; an operator runs `topics apply --catalog NAME`); a missing one is exit 2")
+                            "CREATE; an operator runs `topics apply --catalog NAME`); a missing one is "
+                            "exit 2")
     add_connection(p)
 
 
@@ -165,7 +166,8 @@ def add_schedule(sub: Any) -> None:
     a.add_argument("name", metavar="NAME", help="schedule name")
     a.add_argument("spec", metavar="SPEC", help="@every 5m | @at 2026-12-24T18:00:00Z | cron (5 fields)")
     a.add_argument("--target", required=True, metavar="TOPIC", help="transition topic the occurrences go to")
-    a.add_argument("--payload", default=None, metavar="JSON", help="JSON document carried by every occurrence")
+    a.add_argument("--payload", default=None, metavar="JSON",
+                   help="JSON document carried by every occurrence")
     a.add_argument("--type", default="due", help="transition type of the occurrences")
     a.add_argument("--tenant", default="", help="tenant of the occurrences (default empty)")
     a.add_argument("--policy", choices=["catch_up", "coalesce"], default="catch_up",
@@ -175,7 +177,8 @@ def add_schedule(sub: Any) -> None:
     _catalog(a, creates=True)
     for name, text in (("rm", "remove a schedule (exit 1 if there is none)"),
                        ("enable", "enable a schedule (exit 1 if there is none)"),
-                       ("disable", "disable a schedule: nothing fires until enabled (exit 1 if there is none)"),
+                       ("disable", "disable a schedule: nothing fires until enabled (exit 1 if there is "
+                                   "none)"),
                        ("trigger", "one run now, an occurrence of its own (applied by the ticker)")):
         p = command(fam, name, text, cmd_schedule, epilog=_MANUAL_EPILOG if name == "trigger" else None)
         p.add_argument("name", metavar="NAME", help="schedule name")

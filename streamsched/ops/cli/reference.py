@@ -117,12 +117,12 @@ def reference_markdown() -> str:
                "Deprecated spellings (listed as `deprecated: use ...`) still work for one minor version "
                "and print `streamsched: warning: ... is deprecated, use ...` on stderr.", "",
                "## Commands", ""]
-        for path, sub in commands:
+        for path, _ in commands:
             indent = "  " * (len(path) - 1)
             anchor = "streamsched-" + "-".join(path)
             out.append(f"{indent}- [`streamsched {' '.join(path)}`](#{anchor})")
         out.append("")
-        connection_of = parser
+        connection_of: argparse.ArgumentParser = parser
         for path, sub in commands:
             out += [f"## streamsched {' '.join(path)}", ""]
             if sub.description:
