@@ -21,7 +21,11 @@ APP_HELP = "MODULE:ATTR of a streamsched.App"
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions and epilogs as written; every option's non-None default shown (unless its
-    help already tells the default, as those that come from a variable do)."""
+    help already tells the default, as those that come from a variable do); old spellings
+    listed in help (their own group), not in the usage line."""
+
+    def add_usage(self, usage: str | None, actions: Any, groups: Any, prefix: str | None = None) -> None:
+        super().add_usage(usage, [a for a in actions if not isinstance(a, Deprecated)], groups, prefix)
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -88,9 +92,23 @@ class Deprecated(argparse.Action):
 ArgumentTypeError = argparse.ArgumentTypeError
 
 
+DEPRECATED_GROUP = "deprecated spellings (still accepted, with a warning; removed in the next minor version)"
+
+
+def deprecated(p: argparse.ArgumentParser, *names: str, target: str, use: str, **kwargs: Any) -> None:
+    """``names`` (an old option, or an optional positional) kept as a :class:`Deprecated` spelling
+    of ``use``, listed in the parser's help under :data:`DEPRECATED_GROUP`."""
+    group = next((g for g in p._action_groups if g.title == DEPRECATED_GROUP), None)
+    if group is None:
+        group = p.add_argument_group(DEPRECATED_GROUP)
+    if not names[0].startswith("-"):
+        kwargs.setdefault("nargs", "?")
+    group.add_argument(*names, action=Deprecated, target=target, use=use, **kwargs)
+
+
 def deprecated_switch(p: argparse.ArgumentParser, flag: str, *, target: str, value: Any, use: str) -> None:
     """``flag`` (no value) kept as a deprecated spelling of ``use``, storing ``value`` in ``target``."""
-    p.add_argument(flag, action=Deprecated, nargs=0, const=value, target=target, use=use)
+    deprecated(p, flag, nargs=0, const=value, target=target, use=use)
 
 
 def duration(text: str) -> float:
@@ -142,8 +160,8 @@ def add_output(p: Parser, *, default: str = "table", json_alias: str | None = "-
     if json_alias == "--json":
         deprecated_switch(p, "--json", target="output", value="json", use="-o json")
     elif json_alias == "--format":
-        p.add_argument("--format", action=Deprecated, target="output", use="-o/--output",
-                       choices=("table", "json"), metavar="{table,json}")
+        deprecated(p, "--format", target="output", use="-o/--output", choices=("table", "json"),
+                   metavar="{table,json}")
 
 
 def add_app(p: Parser, *, required: bool = True, help: str = APP_HELP) -> None:

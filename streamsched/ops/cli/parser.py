@@ -22,7 +22,6 @@ from streamsched.ops.cli.events import cmd_emit
 from streamsched.ops.cli.grammar import (
     APP_HELP,
     ArgumentTypeError,
-    Deprecated,
     Parser,
     add_app,
     add_connection,
@@ -31,6 +30,7 @@ from streamsched.ops.cli.grammar import (
     add_single_replica_option,
     add_status_options,
     command,
+    deprecated,
     duration,
     int_in,
 )
@@ -87,7 +87,7 @@ def build_parser() -> Parser:
 
     r = command(sub, "run", "run an app's schedulers as consumer-group members", cmd_run, epilog=_RUN_EPILOG)
     add_app(r, required=False, help=f"{APP_HELP} (required)")
-    r.add_argument("app_positional", nargs="?", action=Deprecated, target="app", use="--app", metavar="APP")
+    deprecated(r, "app_positional", target="app", use="--app", metavar="APP")
     r.checks.append(_needs_app)
     add_scheduler(r, help="run only this scheduler of the app (default: all)")
     env_rf = os.environ.get("STREAMSCHED_REPLICATION")
@@ -125,7 +125,7 @@ def build_parser() -> Parser:
     e.add_argument("--event", metavar="JSON",
                    help='the event as a JSON object, e.g. {"type":"due","tenant":"t1","target":["run-1"]} '
                         "(required)")
-    e.add_argument("--json", action=Deprecated, target="event", use="--event", metavar="JSON")
+    deprecated(e, "--json", target="event", use="--event", metavar="JSON")
     e.checks.append(lambda a: None if a.event is not None
                     else "the following arguments are required: --event")
     e.add_argument("--key", default=None,

@@ -13,7 +13,6 @@ from streamsched.ops.cli.common import DEFAULT_DATA_DIR
 from streamsched.ops.cli.events import cmd_schedule
 from streamsched.ops.cli.grammar import (
     APP_HELP,
-    Deprecated,
     Parser,
     add_app,
     add_connection,
@@ -22,6 +21,7 @@ from streamsched.ops.cli.grammar import (
     add_single_replica_option,
     add_status_options,
     command,
+    deprecated,
     duration,
     family,
     seconds,
@@ -104,8 +104,7 @@ def add_topics(sub: Any) -> None:
 
 
 def _dlq_source(p: Parser) -> None:
-    p.add_argument("scheduler_positional", nargs="?", action=Deprecated, target="scheduler",
-                   use="--scheduler", metavar="SCHEDULER")
+    deprecated(p, "scheduler_positional", target="scheduler", use="--scheduler", metavar="SCHEDULER")
     add_scheduler(p, help="scheduler whose dead-letter topic to use")
     p.add_argument("--topic", default=None, help="a dead-letter topic by name instead of --scheduler")
     p.add_argument("--kind", default=None, choices=DLQ_KINDS, help="only dead letters of this kind")
@@ -225,8 +224,7 @@ def add_outbox(sub: Any) -> None:
     r.add_argument("--batch-size", type=int, default=16, help="intents claimed per round (max 64)")
     r.add_argument("--lease", type=duration, default="30s", metavar="DURATION",
                    help="lease: the longest one delivery may take (e.g. 30s, 2m)")
-    r.add_argument("--lease-s", action=Deprecated, target="lease", use="--lease DURATION", convert=seconds,
-                   metavar="SECONDS")
+    deprecated(r, "--lease-s", target="lease", use="--lease DURATION", convert=seconds, metavar="SECONDS")
     r.add_argument("--max-attempts", type=int, default=5, help="deliveries before an intent is dead")
     r.add_argument("--create-schema", action="store_true", help="create the table if missing")
     add_connection(r)
