@@ -334,6 +334,7 @@ def add_acl_arguments(parser: argparse.ArgumentParser, fn: Any = None) -> None:
         if name == "plan":
             add_output(p, json_alias="--format")
         else:
+            add_output(p, default="json", json_alias=None)
             add_connection(p)
         p.set_defaults(fn=fn or run_acl)
 
@@ -384,5 +385,7 @@ def run_acl(args: argparse.Namespace) -> int:
     from streamsched.ops.config import resolve_connection
 
     applied = asyncio.run(apply(resolve_connection(args), acls))
-    print(json.dumps({"applied": applied, "principals": sorted({a.principal for a in acls})}))
+    from streamsched.ops.cli.output import show
+
+    show(args, {"applied": applied, "principals": sorted({a.principal for a in acls})})
     return 0

@@ -136,13 +136,31 @@ def test_every_command_that_loads_an_app_takes_app_and_scheduler_as_flags() -> N
             assert "--app" in options, name
 
 
-@pytest.mark.parametrize("command", ["status", "dlq list", "dlq replay", "schedule list", "schedule history",
-                                     "inspect", "outbox status", "outbox requeue", "acl plan", "replay",
-                                     "redrive", "topics apply", "broker status"])
-def test_commands_that_print_data_take_output(command: str) -> None:
-    parser = leaves(build_parser())[command]
-    output = next(a for a in flags(parser) if "--output" in a.option_strings)
-    assert "-o" in output.option_strings and output.choices == ("table", "json")
+QUIET = {"run", "schedule tick", "outbox relay", "console", "completion", "broker start", "broker stop"}
+"""Services (their reports go to stderr) and commands that print one word or a script."""
+
+
+def test_every_command_that_prints_data_takes_output() -> None:
+    checked = set()
+    for name, parser in leaves(build_parser()).items():
+        output = [a for a in flags(parser) if "--output" in a.option_strings]
+        assert bool(output) == (name not in QUIET), name
+        if output:
+            assert "-o" in output[0].option_strings and output[0].choices == ("table", "json"), name
+            checked.add(name)
+    assert {"status", "dlq list", "schedule list", "schedule history", "inspect", "outbox status", "acl plan",
+            "replay", "topics apply", "emit"} <= checked
+
+
+def test_table_output_of_a_document(capsys: pytest.CaptureFixture[str]) -> None:
+    from streamsched.ops.cli.output import show
+
+    show(argparse.Namespace(output="table"), {"name": "n", "version": 2, "enabled": True})
+    show(argparse.Namespace(output="table"), [{"a": 1, "b": None}, {"a": 22, "c": "x"}])
+    show(argparse.Namespace(output="json"), {"name": "n"})
+    assert capsys.readouterr().out == ("name     n\nversion  2\nenabled  true\n"
+                                       "A   B  C\n1   -  -\n22  -  x\n"
+                                       '{"name": "n"}\n')
 
 
 def test_durations_take_units() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from streamsched.errors import ConfigError
 from streamsched.ops.cli.common import configure_logging, connect, run_service, serve_status, stop_on_signals
+from streamsched.ops.cli.output import show
 
 # --- emit -----------------------------------------------------------------------------------------
 
@@ -55,8 +56,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
             return await producer.send(args.topic, ev)
 
     md = asyncio.run(send())
-    print(json.dumps({"topic": md.topic, "partition": md.partition, "offset": md.offset,
-                      "event_id": ev.event_id}))
+    show(args, {"topic": md.topic, "partition": md.partition, "offset": md.offset, "event_id": ev.event_id})
     return 0
 
 
@@ -112,12 +112,12 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             d = await catalog.schedule(args.name, args.spec, args.target, payload,
                                        event_type=args.type, tenant=args.tenant,
                                        policy=args.policy, timezone=args.timezone)
-            print(json.dumps({"name": d.name, "version": d.version, "schedule_id": d.schedule_id}))
+            show(args, {"name": d.name, "version": d.version, "schedule_id": d.schedule_id})
             return 0
         if args.action in ("rm", "enable", "disable"):
             fn = {"rm": catalog.unschedule, "enable": catalog.enable, "disable": catalog.disable}
             found = await fn[args.action](args.name)
-            print(json.dumps({"name": args.name, args.action: found}))
+            show(args, {"name": args.name, args.action: found})
             return 0 if found else 1
         if args.action == "list":
             infos = await catalog.list()
@@ -150,7 +150,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 print(f"{_fmt_ns(r.at_ns)}  {r.occurrence:<40} attempt {r.attempt}  {r.state}{cause}{tag}")
             return 0
         if args.action == "trigger":
-            print(json.dumps((await catalog.trigger(_name(args))).as_dict()))
+            show(args, (await catalog.trigger(_name(args))).as_dict())
             return 0
         if args.action == "backfill":
             if args.from_time is None or args.to_time is None:
@@ -158,7 +158,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             receipt = await catalog.backfill(_name(args), _instant(args.from_time, "--from"),
                                              _instant(args.to_time, "--to"), max=args.max,
                                              dry_run=args.dry_run)
-            print(json.dumps(receipt.as_dict()))
+            show(args, receipt.as_dict())
             return 0
         raise ConfigError(f"unknown schedule action {args.action}")
 

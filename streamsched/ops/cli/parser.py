@@ -119,8 +119,8 @@ def build_parser() -> Parser:
     add_output(st)
 
     e = command(sub, "emit", "produce one schema-validated transition event", cmd_emit,
-                description="Produce one schema-validated transition event; prints one JSON line "
-                            "(topic, partition, offset, event_id).")
+                description="Produce one schema-validated transition event; prints where it went "
+                            "(topic, partition, offset) and its event_id.")
     e.add_argument("topic", metavar="TOPIC", help="transition topic to produce to")
     e.add_argument("--event", metavar="JSON",
                    help='the event as a JSON object, e.g. {"type":"due","tenant":"t1","target":["run-1"]} '
@@ -130,6 +130,7 @@ def build_parser() -> Parser:
                     else "the following arguments are required: --event")
     e.add_argument("--key", default=None,
                    help="record key; must equal the identity's route key (the default), else refused")
+    add_output(e, default="json", json_alias=None)
     add_connection(e)
 
     add_dlq(sub)

@@ -173,6 +173,7 @@ def add_schedule(sub: Any) -> None:
                    help="what fires after downtime (see below)")
     a.add_argument("--timezone", default=None, metavar="ZONE", help="IANA zone of a cron spec (default: UTC)")
     a.checks.append(_timezone_fits)
+    add_output(a, default="json", json_alias=None)
     _catalog(a, creates=True)
     for name, text in (("rm", "remove a schedule (exit 1 if there is none)"),
                        ("enable", "enable a schedule (exit 1 if there is none)"),
@@ -181,6 +182,7 @@ def add_schedule(sub: Any) -> None:
                        ("trigger", "one run now, an occurrence of its own (applied by the ticker)")):
         p = command(fam, name, text, cmd_schedule, epilog=_MANUAL_EPILOG if name == "trigger" else None)
         p.add_argument("name", metavar="NAME", help="schedule name")
+        add_output(p, default="json", json_alias=None)
         _catalog(p)
     ls = command(fam, "list", "every schedule: spec, status, next planned time, fired and skipped counts",
                  cmd_schedule, epilog='"N unreadable records skipped" on stderr when the catalog holds '
@@ -199,6 +201,7 @@ def add_schedule(sub: Any) -> None:
     bf.add_argument("--max", type=int, default=64,
                     help="most occurrences it may request (at most 10000; more is refused)")
     bf.add_argument("--dry-run", action="store_true", help="print the occurrences, write nothing")
+    add_output(bf, default="json", json_alias=None)
     _catalog(bf)
     tk = command(fam, "tick", "run the ticker that fires due occurrences (a long-running service)",
                  cmd_schedule, epilog=_SCHEDULE_EPILOG)
