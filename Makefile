@@ -52,6 +52,9 @@ chromium:
 metrics-doc: venv
 	$(BIN)/python -c "from streamsched.metrics import reference_markdown as r; open('docs/metrics.md', 'w').write(r())"
 
+cli-doc: venv
+	$(BIN)/python -m streamsched.ops.cli.reference
+
 lint: venv
 	$(BIN)/ruff check streamsched tests consumers bench scripts examples
 	$(BIN)/mypy

@@ -1,4 +1,5 @@
-"""The scheduler bench/io_bound.py runs in a worker process (``streamsched run bench.io_bound_app:app``).
+"""The scheduler bench/io_bound.py runs in a worker process
+(``streamsched run --app bench.io_bound_app:app``).
 
 One external command that only waits, as a call to a slow service does: ``BENCH_LATENCY`` is
 ``const`` (every call waits ``BENCH_MEDIAN_MS``) or ``lognormal`` (median ``BENCH_MEDIAN_MS``,

@@ -149,7 +149,8 @@ class Run:
         self.port = free_port()
         self.proc = WorkerProcess("bench.restore:app", bootstrap, log_path=log, env={
             NAME_ENV: name, "STREAMSCHED_LOG": "INFO"},
-            command=["run", "bench.restore:app", "--store-dir", str(store), "--status-port", str(self.port)])
+            command=["run", "--app", "bench.restore:app", "--store-dir", str(store),
+                     "--status-port", str(self.port)])
 
     async def start_until_ready(self, timeout: float = 600.0) -> float:
         t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The scheduler bench/turns.py runs in a worker process (``streamsched run bench.turns_app:app``).
+"""The scheduler bench/turns.py runs in a worker process (``streamsched run --app bench.turns_app:app``).
 
 Two shapes, chosen by ``BENCH_KIND``:
 

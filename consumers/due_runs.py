@@ -4,7 +4,7 @@ Role: selection ``runs.transitions`` where ``type == "due"``; command ``complete
 The external command writes to a SQLite ledger (``STREAMSCHED_LEDGER``) passing the stable
 idempotency key and the fencing token, exactly what any external destination should receive.
 
-Run it: ``streamsched run consumers.due_runs:app``
+Run it: ``streamsched run --app consumers.due_runs:app``
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Role: selection ``pipelines.transitions`` where ``type == "queued"``; command
 ``pipeline.started`` event, the outcome and the release commit in one Kafka transaction, so the
 effect happens exactly once inside Kafka (read it with isolation_level=read_committed).
 
-Run it: ``streamsched run consumers.pipelines:app``
+Run it: ``streamsched run --app consumers.pipelines:app``
 """
 
 from __future__ import annotations

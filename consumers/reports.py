@@ -5,7 +5,7 @@ only, which may write to ``reports.events``. Each occurrence of a schedule arriv
 whose identity is ``<schedule-id>/<planned-ns>``; the attempt's result flows back to the
 schedule's history.
 
-Run it: ``streamsched run consumers.reports:app``
+Run it: ``streamsched run --app consumers.reports:app``
 """
 
 from __future__ import annotations

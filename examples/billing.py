@@ -3,7 +3,7 @@
 ``charge_due`` charges an invoice once its ``due`` event comes (retrying a busy payment service
 with backoff, dead-lettering an invoice no retry can fix); ``remind_overdue`` turns an
 ``overdue`` event into a reminder on the ``reminders`` topic (Kafka-native: the reminder commits
-with the outcome). Run it for real with ``streamsched run examples.billing:app``.
+with the outcome). Run it for real with ``streamsched run --app examples.billing:app``.
 """
 
 from __future__ import annotations

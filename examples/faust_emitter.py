@@ -10,7 +10,7 @@ because the transition's business identity (tenant, target, due time) is the sam
 
 Run it beside the scheduler (``pip install 'streamsched[faust]'``)::
 
-    streamsched run consumers.due_runs:app                 # the scheduler (completes runs once)
+    streamsched run --app consumers.due_runs:app           # the scheduler (completes runs once)
     python examples/faust_emitter.py worker --without-web -l info   # this Faust worker (no web server)
     # then produce jobs, e.g. with kcat or any producer:
     echo '{"tenant":"acme","run_id":"r-1"}' | kcat -P -b 127.0.0.1:9092 -t jobs

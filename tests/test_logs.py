@@ -66,7 +66,7 @@ BAD_SETTINGS = [({"STREAMSCHED_LOG": "loud"}, "STREAMSCHED_LOG must be one of"),
 
 @pytest.mark.parametrize(("env", "says"), BAD_SETTINGS)
 def test_a_worker_with_a_bad_log_setting_exits_2_in_one_line(env: dict[str, str], says: str) -> None:
-    command = [sys.executable, "-m", "streamsched", "run", "consumers.due_runs:app",
+    command = [sys.executable, "-m", "streamsched", "run", "--app", "consumers.due_runs:app",
                "--bootstrap", "127.0.0.1:1"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env={**os.environ, **env})

@@ -303,32 +303,40 @@ HELP = ("print (plan) or create (apply) the least-authority Kafka ACLs of a sche
         "or operator role")
 
 
-def add_acl_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``acl`` subcommand's arguments, connection options included; ``fn`` is :func:`run_acl`."""
-    from streamsched.ops.config import add_connection_options
+def add_acl_arguments(parser: argparse.ArgumentParser, fn: Any = None) -> None:
+    """The ``acl`` command's actions, ``plan`` (no Kafka needed) and ``apply`` (with the
+    connection options), each its own subparser; ``fn`` (default :func:`run_acl`) runs them."""
+    from streamsched.ops.cli.grammar import Parser, add_connection, add_output
 
-    parser.add_argument("action", choices=["plan", "apply"], help="plan: print the ACLs; apply: create them")
-    parser.add_argument("--role", choices=ROLES, default="scheduler",
-                        help="scheduler: an app's workers (default); ticker: the ticker of --catalog, "
-                             "firing into --target; producer: a service producing to --topic; "
-                             "operator: inspect and redrive an app's schedulers")
-    parser.add_argument("--app", default=None,
-                        help="MODULE:ATTR of a streamsched.App. scheduler role: its schedulers' roles "
-                             "(required); ticker/producer role: also may write its schedulers' topics")
-    parser.add_argument("--scheduler", default=None, help="only this scheduler of --app (default: every one)")
-    parser.add_argument("--principal", default=None,
-                        help="User:NAME the ACLs are for (scheduler default: User:<scheduler name>; "
-                             "required for ticker and producer)")
-    parser.add_argument("--catalog", action="append", default=None, metavar="NAME",
-                        help="scheduler role: a schedule catalog whose occurrences it runs (may write "
-                             "its feedback topic); ticker role: the catalog it ticks (repeatable)")
-    parser.add_argument("--target", action="append", default=None, metavar="TOPIC",
-                        help="ticker role: a topic its schedules may fire into (repeatable)")
-    parser.add_argument("--topic", action="append", default=None, metavar="TOPIC",
-                        help="producer role: a transition topic it produces to (repeatable)")
-    parser.add_argument("--format", choices=["table", "json"], default="table", help="plan: output format")
-    add_connection_options(parser)
-    parser.set_defaults(fn=run_acl)
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=Parser)
+    for name, text in (("plan", "print the ACLs a role needs (no Kafka needed)"),
+                       ("apply", "create the ACLs a role needs (as an operator allowed to alter ACLs)")):
+        p = actions.add_parser(name, help=text, description=text[:1].upper() + text[1:])
+        p.add_argument("--role", choices=ROLES, default="scheduler",
+                       help="scheduler: an app's workers; ticker: the ticker of --catalog, firing into "
+                            "--target; producer: a service producing to --topic; operator: inspect and "
+                            "redrive an app's schedulers")
+        p.add_argument("--app", default=None, metavar="MODULE:ATTR",
+                       help="MODULE:ATTR of a streamsched.App. scheduler role: its schedulers' roles "
+                            "(required); ticker/producer role: also may write its schedulers' topics")
+        p.add_argument("--scheduler", default=None, metavar="NAME",
+                       help="only this scheduler of --app (default: every one)")
+        p.add_argument("--principal", default=None,
+                       help="User:NAME the ACLs are for (scheduler default: User:<scheduler name>; "
+                            "required for ticker and producer)")
+        p.add_argument("--catalog", action="append", default=None, metavar="NAME",
+                       help="scheduler role: a schedule catalog whose occurrences it runs (may write "
+                            "its feedback topic); ticker role: the catalog it ticks (repeatable)")
+        p.add_argument("--target", action="append", default=None, metavar="TOPIC",
+                       help="ticker role: a topic its schedules may fire into (repeatable)")
+        p.add_argument("--topic", action="append", default=None, metavar="TOPIC",
+                       help="producer role: a transition topic it produces to (repeatable)")
+        if name == "plan":
+            add_output(p, json_alias="--format")
+        else:
+            add_output(p, default="json", json_alias=None)
+            add_connection(p)
+        p.set_defaults(fn=fn or run_acl)
 
 
 def plan_from_args(args: argparse.Namespace) -> list[Acl]:
@@ -372,10 +380,12 @@ def run_acl(args: argparse.Namespace) -> int:
     ACLs) and prints ``{"applied": N, "principals": [...]}``."""
     acls = plan_from_args(args)
     if args.action == "plan":
-        print(format_plan(acls, as_json=args.format == "json"))
+        print(format_plan(acls, as_json=args.output == "json"))
         return 0
     from streamsched.ops.config import resolve_connection
 
     applied = asyncio.run(apply(resolve_connection(args), acls))
-    print(json.dumps({"applied": applied, "principals": sorted({a.principal for a in acls})}))
+    from streamsched.ops.cli.output import show
+
+    show(args, {"applied": applied, "principals": sorted({a.principal for a in acls})})
     return 0

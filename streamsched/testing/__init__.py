@@ -140,7 +140,7 @@ def child_pythonpath(app_path: Iterable[str | Path], inherited: str | None = Non
 
 
 class WorkerProcess:
-    """``streamsched run APP`` (or any ``command``) as a child process, with signals for crash tests.
+    """``streamsched run --app APP`` (or any ``command``) as a child process, with signals for crash tests.
 
     The child imports ``app_ref`` (``MODULE:ATTR``) from the USER's project: it runs in ``cwd``
     (default: the caller's working directory, e.g. pytest's rootdir) with ``app_path`` (default:
@@ -172,7 +172,7 @@ class WorkerProcess:
         env["STREAMSCHED_BOOTSTRAP"] = self.env.get("STREAMSCHED_BOOTSTRAP", self.bootstrap)
         env["PYTHONPATH"] = child_pythonpath(self.app_path if self.app_path is not None else [cwd],
                                              self.env.get("PYTHONPATH", os.environ.get("PYTHONPATH")))
-        cmd = [sys.executable, "-m", "streamsched", "run", self.app_ref]
+        cmd = [sys.executable, "-m", "streamsched", "run", "--app", self.app_ref]
         if self.command is not None:
             cmd = [sys.executable, "-m", "streamsched", *self.command]
         if self.scheduler:

@@ -79,7 +79,7 @@ def failpoint_env(point: str, nth: int = 1) -> dict[str, str]:
 
 
 class WorkerFactory:
-    """Starts ``streamsched run APP`` processes of the user's app; stops them all at teardown.
+    """Starts ``streamsched run --app APP`` processes of the user's app; stops them all at teardown.
 
     ``app`` defaults to the plugin's ``streamsched_app`` (ini option or fixture). The child runs in
     ``cwd`` (the test session's rootdir) with ``app_path`` first on PYTHONPATH, so ``MODULE:ATTR``

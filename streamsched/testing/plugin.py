@@ -17,7 +17,7 @@ plugin needed):
     the ``MODULE:ATTR`` the worker fixtures run (ini ``streamsched_app``) and extra environment
     for every worker (``{}``); override either in your conftest.py.
 ``streamsched_worker``
-    ``streamsched_worker(env=..., scheduler=...)`` starts ``streamsched run APP`` as a child
+    ``streamsched_worker(env=..., scheduler=...)`` starts ``streamsched run --app APP`` as a child
     process of your project (cwd: the rootdir; PYTHONPATH: ini ``streamsched_app_path``, the ini
     ``pythonpath``, then the rootdir) and stops it at teardown.
 ``crash_at``

@@ -318,7 +318,7 @@ class SchedulerDef:
 
 
 class App:
-    """A set of schedulers run by ``streamsched run MODULE:ATTR``."""
+    """A set of schedulers run by ``streamsched run --app MODULE:ATTR``."""
 
     def __init__(self, name: str) -> None:
         self.name = validate_name(name, "app")

@@ -147,7 +147,7 @@ def test_only_the_cli_installs_the_bootstrap_filter_and_not_for_debug(
     monkeypatch.setattr(clientlog, "_filters", {})
     clients.connection("127.0.0.1:9")  # a library user's client: their logging is left alone
     assert ours() == []
-    plan = ["acl", "plan", "--app", "consumers.pipelines:app", "--format", "json"]  # no Kafka needed
+    plan = ["acl", "plan", "--app", "consumers.pipelines:app", "-o", "json"]  # no Kafka needed
     monkeypatch.setenv("STREAMSCHED_LOG", "DEBUG")
     assert cli.main(plan) == 0
     assert ours() == []  # debugging: every aiokafka record as it is

@@ -32,5 +32,8 @@ def test_emit_refuses_unknown_fields(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_schedule_add_needs_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["schedule", "add", "x"]) == 2
-    assert "needs spec, target" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["schedule", "add", "x"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1
+    assert "the following arguments are required: SPEC, --target" in err

@@ -1,5 +1,6 @@
 """The CLI as a new user meets it: --version, help on every flag (naming the variable it reads),
-one-line errors with the documented exit codes, --json only ever meaning machine output."""
+one-line errors with the documented exit codes, --json only ever an old spelling (of -o json, or of
+emit's --event)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,16 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
     return dict(action.choices)
 
 
+def leaves(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    """Every command that runs (``run``, ``schedule add``...), by its words."""
+    out: dict[str, argparse.ArgumentParser] = {}
+    for name, sub in (subparsers(parser) if any(isinstance(a, argparse._SubParsersAction)
+                                                for a in parser._actions) else {}).items():
+        nested = leaves(sub, f"{prefix}{name} ")
+        out.update(nested or {f"{prefix}{name}": sub})
+    return out
+
+
 def flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     skip = argparse._HelpAction | argparse._SubParsersAction
     return [a for a in parser._actions if not isinstance(a, skip)]
@@ -73,7 +84,7 @@ def test_every_flag_has_help_and_names_the_variable_it_reads(monkeypatch: pytest
     names = sorted(set(re.findall(r"STREAMSCHED_[A-Z_]+", source)))
 
     def defaults() -> dict[str, dict[str, object]]:
-        parsers = subparsers(cli.build_parser())
+        parsers = leaves(cli.build_parser())
         return {name: {a.dest: a.default for a in flags(p)} for name, p in parsers.items()}
 
     plain = defaults()
@@ -81,7 +92,7 @@ def test_every_flag_has_help_and_names_the_variable_it_reads(monkeypatch: pytest
         monkeypatch.setenv(var, "7")
     changed = defaults()
     checked = 0
-    for name, parser in subparsers(cli.build_parser()).items():
+    for name, parser in leaves(cli.build_parser()).items():
         for action in flags(parser):
             if action.help == argparse.SUPPRESS and type(action).__name__ == "_RefusePassword":
                 continue  # a hidden refusal (--sasl-password: passwords never go on a command line)
@@ -94,13 +105,20 @@ def test_every_flag_has_help_and_names_the_variable_it_reads(monkeypatch: pytest
     assert checked >= 5  # status port/host, status url, outbox dsn, run replication
 
 
-def test_json_flags_only_mean_machine_output() -> None:
-    for name, parser in subparsers(cli.build_parser()).items():
+def test_json_flags_are_only_old_spellings() -> None:
+    from streamsched.ops.cli.grammar import Deprecated
+
+    seen = 0
+    for name, parser in leaves(cli.build_parser()).items():
         for action in flags(parser):
             if "--json" in action.option_strings:
-                assert action.nargs == 0 and action.const is True, name  # a switch, never input
-    emit = {o for a in flags(subparsers(cli.build_parser())["emit"]) for o in a.option_strings}
-    assert "--event" in emit and "--json" not in emit
+                seen += 1
+                assert isinstance(action, Deprecated), name
+                if name == "emit":  # emit's first spelling of --event (the event itself)
+                    assert action.target == "event" and action.nargs is None
+                else:  # a switch meaning -o json, never input
+                    assert action.target == "output" and action.nargs == 0 and action.const == "json", name
+    assert seen >= 3
 
 
 @pytest.mark.parametrize(("ref", "says"), [
@@ -118,7 +136,7 @@ def test_a_bad_app_reference_is_one_line_exit_2(ref: str, says: str, tmp_path: P
     (tmp_path / "bad_syntax.py").write_text("def (:\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # load_app puts the cwd first
-    code = cli.main(["run", ref, "--bootstrap", f"127.0.0.1:{free_port()}"])
+    code = cli.main(["run", "--app", ref, "--bootstrap", f"127.0.0.1:{free_port()}"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and says in err and "Traceback" not in err, err
     assert "secret-ish" not in err  # an import error's own message is the app's text
@@ -129,7 +147,7 @@ def test_run_against_an_unreachable_cluster_is_one_line_exit_3(tmp_path: Path) -
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSCHED_")}
     env["PYTHONPATH"] = str(ROOT)
     port = free_port()
-    proc = subprocess.run([sys.executable, "-m", "streamsched", "run", "tinyapp:app",
+    proc = subprocess.run([sys.executable, "-m", "streamsched", "run", "--app", "tinyapp:app",
                            "--bootstrap", f"127.0.0.1:{port}"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr
@@ -208,6 +226,6 @@ def test_a_bad_numeric_variable_is_a_usage_error_only_for_the_command_that_reads
     assert version.value.code == 0  # a command that does not read it is unaffected
     capsys.readouterr()
     with pytest.raises(SystemExit) as run:
-        main(["run", "consumers.due_runs:app", "--bootstrap", "127.0.0.1:1"])
+        main(["run", "--app", "consumers.due_runs:app", "--bootstrap", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert run.value.code == 2 and says in err and "Traceback" not in err

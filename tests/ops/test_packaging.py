@@ -152,7 +152,7 @@ def test_the_installed_cli_emits_and_runs(venv: Path, bootstrap: str, tmp_path: 
         assert json.loads(emitted.stdout)["topic"] == topic
 
     port = free_port()
-    worker = subprocess.Popen([streamsched, "run", "tinyapp:app", "--bootstrap", bootstrap,
+    worker = subprocess.Popen([streamsched, "run", "--app", "tinyapp:app", "--bootstrap", bootstrap,
                                "--status-port", str(port)], cwd=cwd, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -87,8 +87,8 @@ async def test_redrive_runs_failed_identities_once_more_through_their_owner(
         await wait_for(holds(lambda: mod.RUNS["inv-0"] == 2), timeout=60)
 
         # The rest from the dead-letter topic, reopened and replayed in one step.
-        code, lines = await run_cli(capsys, "dlq", "replay", sched.name, "--redrive", "--app", ref,
-                                    "--kind", "terminal", "--reason", "fix 42")
+        code, lines = await run_cli(capsys, "dlq", "replay", "--scheduler", sched.name, "--redrive",
+                                    "--app", ref, "--kind", "terminal", "--reason", "fix 42")
         assert code == 0 and lines[0]["redrive"]["requested"] == 5
         await wait_for(holds(lambda: all(mod.RUNS[f"inv-{i}"] == 2 for i in range(6))), timeout=60)
         await wait_drained(bootstrap, sched.group, sched.topic, timeout=60)

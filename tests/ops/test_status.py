@@ -385,7 +385,7 @@ def test_cli_status_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None
     with server_in_thread(populated()) as srv:
         assert main(["status", srv.url]) == 0
         table = capsys.readouterr().out
-        assert main(["status", "--url", srv.url, "--json"]) == 0
+        assert main(["status", "--url", srv.url, "-o", "json"]) == 0
         doc = orjson.loads(capsys.readouterr().out)
     assert "ready yes" in table and "scheduler charge_due" in table and "scheduler pipelines" in table
     assert "turn_seconds: n 100  mean 50.5ms  p50 51ms  p99 100ms" in table
@@ -399,7 +399,7 @@ def test_cli_status_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None
 def test_status_options_of_run_and_tick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STREAMSCHED_STATUS_HOST", raising=False)
     monkeypatch.setenv("STREAMSCHED_STATUS_PORT", "9464")
-    run = build_parser().parse_args(["run", "m:app"])
+    run = build_parser().parse_args(["run", "--app", "m:app"])
     assert (run.status_host, run.status_port) == ("127.0.0.1", 9464)  # loopback unless told otherwise
     tick = build_parser().parse_args(["schedule", "tick"])
     assert tick.status_port is None  # the env port is the worker's: a ticker beside it must not take it

@@ -73,7 +73,7 @@ async def test_relay_killed_after_send_redelivers_and_the_effect_runs_once(
 
     def relay(worker: str, **env: str) -> WorkerProcess:
         cmd = ["outbox", "relay", "--dsn", backend.dsn, "--table", table, "--bootstrap", bootstrap,
-               "--batch-size", "1", "--lease-s", "2", "--worker-id", worker]
+               "--batch-size", "1", "--lease", "2s", "--worker-id", worker]
         return WorkerProcess("", bootstrap, command=cmd, env=env, log_path=tmp_path / f"{worker}.log").start()
 
     async with outbox, running_worker(rec.sched, bootstrap):

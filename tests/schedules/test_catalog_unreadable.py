@@ -128,7 +128,7 @@ def test_cli_list_and_history_say_how_many_records_were_skipped(
     assert "good" in out and "broken" not in out
     assert "1 unreadable records skipped" in err.splitlines()
 
-    assert cli.main(["schedule", "list", "--json", *common]) == 0
+    assert cli.main(["schedule", "list", "-o", "json", *common]) == 0
     out, err = capsys.readouterr()
     assert [r["name"] for r in json.loads(out)] == ["good"]  # stdout stays JSON
     assert "1 unreadable records skipped" in err.splitlines()

@@ -41,5 +41,5 @@ def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
 
 
 def plan_keys(plan: list[dict[str, str]]) -> list[tuple[str, ...]]:
-    """The bindings of an ``acl plan --format json`` output, sorted, as :meth:`acl.Acl.key`."""
+    """The bindings of an ``acl plan -o json`` output, sorted, as :meth:`acl.Acl.key`."""
     return sorted(acl.Acl(**d).key() for d in plan)

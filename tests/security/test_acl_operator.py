@@ -73,7 +73,7 @@ async def test_an_operator_with_its_plan_inspects_and_redrives_through_the_owner
     ev = make_event("due", "acme", ["inv-op"])
     worker = WorkerProcess(APP_REF, rig.admin.bootstrap, log_path=tmp_path / "worker.log", cwd=ROOT,
                            env={**rig.env, "STREAMSCHED_CONFIG": str(rig.files["other"])},
-                           command=["run", APP_REF, "--no-create-topics"]).start()
+                           command=["run", "--app", APP_REF, "--no-create-topics"]).start()
     try:
         await produce_events(rig.admin, rig.sched.topic, [ev])
 

@@ -43,7 +43,7 @@ async def test_a_reference_workflow_runs_end_to_end_with_exactly_its_planned_acl
     role = ["--app", app_ref, "--principal", principal]
     applied = cli(["acl", "apply", *role, "--config", str(admin_file)], env)
     assert applied.returncode == 0, applied.stderr
-    planned = cli(["acl", "plan", *role, "--format", "json"], env)
+    planned = cli(["acl", "plan", *role, "-o", "json"], env)
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(planned.stdout)
     held = await acl.describe(admin, principal)
@@ -54,7 +54,7 @@ async def test_a_reference_workflow_runs_end_to_end_with_exactly_its_planned_acl
     config = secure.security.write_client_file(secure.bootstrap, workflow)
     worker = WorkerProcess(app_ref, secure.bootstrap, log_path=log, cwd=ROOT,
                            env={**env, "STREAMSCHED_CONFIG": str(config)},
-                           command=["run", app_ref, "--no-create-topics"]).start()
+                           command=["run", "--app", app_ref, "--no-create-topics"]).start()
     targets = [f"{workflow}-{i}" for i in range(EVENTS)]
     try:
         await produce_events(admin, s.topic, [make_event(event_type, "t", [t]) for t in targets])

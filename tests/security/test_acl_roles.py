@@ -65,7 +65,7 @@ def test_the_plan_is_exactly_what_the_role_needs() -> None:
 
 
 def test_acl_plan_prints_json_for_tooling_and_a_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["acl", "plan", "--app", "consumers.pipelines:app", "--format", "json"]) == 0
+    assert main(["acl", "plan", "--app", "consumers.pipelines:app", "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc == [a.as_dict() for a in acl.plan_app(reference.app)]
     assert {d["principal"] for d in doc} == {f"User:{reference.NAME}"}  # default: the scheduler's name
@@ -113,7 +113,7 @@ async def role(secure: LocalCluster) -> AsyncIterator[Role]:
                     "--config", str(admin_file)], env)
     assert applied.returncode == 0, applied.stderr
     planned = cli(["acl", "plan", "--app", "consumers.pipelines:app", "--principal", "User:pipelines",
-                    "--format", "json"], env)
+                    "-o", "json"], env)
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(planned.stdout)
     assert json.loads(applied.stdout) == {"applied": len(plan), "principals": ["User:pipelines"]}
@@ -131,7 +131,7 @@ async def test_pipelines_runs_end_to_end_with_exactly_its_planned_acls(role: Rol
     log = tmp_path / "worker.log"
     env = {"STREAMSCHED_NAMESPACE": role.ns, "STREAMSCHED_CONFIG": str(role.config_file)}
     worker = WorkerProcess("consumers.pipelines:app", role.conn.bootstrap, log_path=log, cwd=ROOT, env=env,
-                           command=["run", "consumers.pipelines:app", "--no-create-topics"]).start()
+                           command=["run", "--app", "consumers.pipelines:app", "--no-create-topics"]).start()
     try:
         n = 8
         await produce_events(role.admin, s.topic, [make_event("queued", "t", [f"p{i}"]) for i in range(n)])

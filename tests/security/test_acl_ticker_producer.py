@@ -85,7 +85,7 @@ def test_acl_arguments_select_the_role(capsys: pytest.CaptureFixture[str]) -> No
     import json
 
     assert acl.run_acl(_args("plan", "--role", "ticker", "--catalog", "c", "--target", "t",
-                             "--principal", "User:tick", "--format", "json")) == 0
+                             "--principal", "User:tick", "-o", "json")) == 0
     expected = [a.as_dict() for a in acl.plan_ticker("c", ["t"], "User:tick")]
     assert json.loads(capsys.readouterr().out) == expected
     assert acl.run_acl(_args("plan", "--role", "producer", "--topic", "a", "--topic", "b",

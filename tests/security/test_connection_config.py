@@ -170,11 +170,12 @@ async def test_a_token_provider_hook_is_loaded_and_wrapped() -> None:
         load_token_provider("no_such_module_xyz:hook")
 
 
-@pytest.mark.parametrize("command", ["run", "emit", "schedule", "dlq", "topics", "outbox", "replay", "acl"])
+@pytest.mark.parametrize("command", ["run", "emit", "schedule add", "schedule tick", "dlq list", "dlq replay",
+                                     "topics apply", "outbox relay", "replay", "acl apply"])
 def test_every_kafka_command_names_each_connection_variable_in_help(
         command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        build_parser().parse_args([command, "--help"])
+        build_parser().parse_args([*command.split(), "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for s in SETTINGS:
         assert s.flag in text and s.env in text.replace("- ", "-")

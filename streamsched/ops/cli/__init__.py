@@ -54,16 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("STREAMSCHED_LOG", "").upper() != "DEBUG":
         # aiokafka's per-address bootstrap ERRORs: held, and named in our one-line error instead.
         clientlog.install_bootstrap()
-    if args.fn is cmd_dlq and not (args.scheduler or args.topic):
-        print("streamsched: dlq needs a scheduler name or --topic", file=sys.stderr)
-        return 2
-    if args.fn is cmd_schedule:
-        needs = {"add": ("name", "spec", "target"), "rm": ("name",), "enable": ("name",),
-                 "disable": ("name",), "history": ("name",)}.get(args.action, ())
-        missing = [n for n in needs if getattr(args, n) is None]
-        if missing:
-            print(f"streamsched: schedule {args.action} needs {', '.join(missing)}", file=sys.stderr)
-            return 2
     if args.fn is cmd_run or (args.fn is cmd_schedule and args.action == "tick"):
         # A SIGTERM or SIGINT that arrives while the worker is still importing must mean "stop
         # cleanly", not dying mid-start (or a KeyboardInterrupt traceback); a second one exits.

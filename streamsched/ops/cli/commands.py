@@ -22,6 +22,7 @@ from streamsched.ops.cli.common import (
     serve_status,
     stop_on_signals,
 )
+from streamsched.ops.cli.output import show
 
 # --- broker ---------------------------------------------------------------------------------------
 
@@ -59,7 +60,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         print("stopped" if st.get("running") else "not running")
         return 0
     st = broker.status(data_dir)
-    print(json.dumps(st, indent=2))
+    show(args, st)
     return 0 if st.get("running") else 1
 
 
@@ -90,7 +91,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     checks = {"allow_drift": args.allow_drift, "allow_single_replica": args.allow_single_replica}
     # One apply: one admin client, and any refusal comes before anything is created.
     report = asyncio.run(apply(bootstrap, [*specs, *derived], **checks))
-    print(json.dumps(report.to_dict()))
+    show(args, report.to_dict())
     return 0
 
 
@@ -136,7 +137,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     except StatusUnavailable as exc:
         print(f"streamsched: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(doc, indent=2) if args.json else format_status(doc))
+    show(args, doc, format_status)
     return 0
 
 
@@ -150,7 +151,10 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     bootstrap = connect(args)
     if args.action == "list":
         views = asyncio.run(list_dead_letters(bootstrap, topic, limit=args.limit, kind=args.kind))
-        print(format_dead_letters(views))
+        safe = [{"partition": v.partition, "offset": v.offset, "kind": v.kind, "source_topic": v.source_topic,
+                 "source_partition": v.source_partition, "source_offset": v.source_offset,
+                 "attempt": v.attempt, "at_ns": v.at_ns, "reason": v.reason} for v in views]
+        show(args, safe, lambda _: format_dead_letters(views))  # never the original bytes or key
         return 0
     kinds = {args.kind} if args.kind else None
     if args.redrive:
@@ -171,12 +175,12 @@ def cmd_dlq(args: argparse.Namespace) -> int:
             done = await redrive.redrive(bootstrap, sched, targets, reason=args.reason, dry_run=args.dry_run)
             return done.to_dict()
 
-        print(json.dumps({"redrive": asyncio.run(reopen())}))
+        show(args, {"redrive": asyncio.run(reopen())})
         return 0
     if args.app or args.reason:
         raise ConfigError("--app and --reason apply to dlq replay --redrive only")
     report = asyncio.run(replay(bootstrap, topic, kinds=kinds, limit=args.limit, dry_run=args.dry_run))
-    print(json.dumps(report.to_dict()))
+    show(args, report.to_dict())
     return 0
 
 
@@ -193,8 +197,9 @@ def cmd_outbox(args: argparse.Namespace) -> int:
     if not args.dsn:
         raise ConfigError("outbox needs --dsn (sqlite:///path.db or postgresql://...) "
                           "or STREAMSCHED_OUTBOX_DSN")
-    outbox = Outbox(args.dsn, table=args.table, lease_s=args.lease_s, batch_size=args.batch_size,
-                    policy=RetryPolicy(maximum_attempts=args.max_attempts))
+    relay = {"lease_s": args.lease, "batch_size": args.batch_size,
+             "policy": RetryPolicy(maximum_attempts=args.max_attempts)} if args.action == "relay" else {}
+    outbox = Outbox(args.dsn, table=args.table, **relay)
     if args.action in ("status", "requeue"):
         async def once() -> Any:
             async with outbox:
@@ -202,7 +207,7 @@ def cmd_outbox(args: argparse.Namespace) -> int:
                     return {"requeued": await outbox.requeue_dead(args.kind)}
                 return (await outbox.counts()).as_dict()
 
-        print(json.dumps(asyncio.run(once())))
+        show(args, asyncio.run(once()))
         return 0
     bootstrap = connect(args)
     worker_id = args.worker_id or f"relay-{socket.gethostname()}-{os.getpid()}"
@@ -235,12 +240,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.per_identity:
             for entry in report.identities.values():
                 print(json.dumps(entry.as_dict()))
-        print(json.dumps(report.to_dict()))
+        show(args, report.to_dict())
         return 0
     plan = asyncio.run(replay.reset(bootstrap, sched.group, sched.topic, target, dry_run=args.dry_run))
     for line in plan.lines():
         print(line, file=sys.stderr)
-    print(json.dumps(plan.to_dict()))
+    show(args, plan.to_dict())
     return 0
 
 
@@ -256,7 +261,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     bootstrap = connect(args)
     view = asyncio.run(inspect_identity(bootstrap, sched, event=event, identity=args.identity,
                                         progress=args.progress))
-    print(json.dumps(view.to_dict()) if args.output == "json" else format_view(view))
+    show(args, view.to_dict(), lambda _: format_view(view))
     return 0
 
 
@@ -288,7 +293,7 @@ def cmd_redrive(args: argparse.Namespace) -> int:
         return await redrive.redrive(bootstrap, sched, chosen, reason=args.reason, force=args.force,
                                      dry_run=args.dry_run, progress=args.progress)
 
-    print(json.dumps(asyncio.run(run()).to_dict()))
+    show(args, asyncio.run(run()).to_dict())
     return 0
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 from typing import Any
 
 from streamsched.errors import ConfigError
 from streamsched.ops.cli.common import configure_logging, connect, run_service, serve_status, stop_on_signals
+from streamsched.ops.cli.output import show
 
 # --- emit -----------------------------------------------------------------------------------------
 
@@ -54,8 +56,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
             return await producer.send(args.topic, ev)
 
     md = asyncio.run(send())
-    print(json.dumps({"topic": md.topic, "partition": md.partition, "offset": md.offset,
-                      "event_id": ev.event_id}))
+    show(args, {"topic": md.topic, "partition": md.partition, "offset": md.offset, "event_id": ev.event_id})
     return 0
 
 
@@ -91,9 +92,11 @@ def _instant(text: str, option: str) -> int:
 def cmd_schedule(args: argparse.Namespace) -> int:
     from streamsched.schedules.catalog import Catalog
 
-    catalog = Catalog(connect(args), args.catalog, partitions=args.partitions, replication=args.replication,
-                      allow_single_replica=args.allow_single_replica,
-                      create_topics=not args.no_create_topics)
+    # Only add and tick take the topic-creation flags: the other actions never create topics.
+    catalog = Catalog(connect(args), args.catalog, partitions=getattr(args, "partitions", 4),
+                      replication=getattr(args, "replication", None),
+                      allow_single_replica=getattr(args, "allow_single_replica", False),
+                      create_topics=not getattr(args, "no_create_topics", False))
 
     async def run() -> int:
         if args.action == "add":
@@ -109,18 +112,18 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             d = await catalog.schedule(args.name, args.spec, args.target, payload,
                                        event_type=args.type, tenant=args.tenant,
                                        policy=args.policy, timezone=args.timezone)
-            print(json.dumps({"name": d.name, "version": d.version, "schedule_id": d.schedule_id}))
+            show(args, {"name": d.name, "version": d.version, "schedule_id": d.schedule_id})
             return 0
         if args.action in ("rm", "enable", "disable"):
             fn = {"rm": catalog.unschedule, "enable": catalog.enable, "disable": catalog.disable}
             found = await fn[args.action](args.name)
-            print(json.dumps({"name": args.name, args.action: found}))
+            show(args, {"name": args.name, args.action: found})
             return 0 if found else 1
         if args.action == "list":
             infos = await catalog.list()
             if infos.skipped_corrupt:
                 print(f"{infos.skipped_corrupt} unreadable records skipped", file=sys.stderr)
-            if args.json:
+            if args.output == "json":
                 print(json.dumps([i.as_dict() for i in infos]))
                 return 0
             print(f"{'name':<24} {'spec':<20} {'status':<10} {'next planned (UTC)':<28} fired skipped")
@@ -136,6 +139,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             # A manual run's RUNNING row says which request it was; a trigger's occurrence is its
             # own, so its result rows say so too (a backfilled one shares the scheduled identity).
             triggered = {r.occurrence for r in rows if r.manual == "trigger"}
+            if args.output == "json":
+                print(json.dumps([{**dataclasses.asdict(r), "manual": r.manual or (
+                    "trigger" if r.occurrence in triggered else None)} for r in rows]))
+                return 0
             for r in rows:
                 cause = f" {r.cause_kind}/{r.cause_category}" if r.cause_kind and not r.manual else ""
                 kind = r.manual or ("trigger" if r.occurrence in triggered else None)
@@ -143,7 +150,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 print(f"{_fmt_ns(r.at_ns)}  {r.occurrence:<40} attempt {r.attempt}  {r.state}{cause}{tag}")
             return 0
         if args.action == "trigger":
-            print(json.dumps((await catalog.trigger(_name(args))).as_dict()))
+            show(args, (await catalog.trigger(_name(args))).as_dict())
             return 0
         if args.action == "backfill":
             if args.from_time is None or args.to_time is None:
@@ -151,7 +158,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             receipt = await catalog.backfill(_name(args), _instant(args.from_time, "--from"),
                                              _instant(args.to_time, "--to"), max=args.max,
                                              dry_run=args.dry_run)
-            print(json.dumps(receipt.as_dict()))
+            show(args, receipt.as_dict())
             return 0
         raise ConfigError(f"unknown schedule action {args.action}")
 
