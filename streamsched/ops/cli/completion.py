@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 
 
-def completion_script(shell: str) -> str:
+def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     import shtab
 
-    from streamsched.ops.cli.parser import build_parser
-
-    return str(shtab.complete(build_parser(), shell=shell))
+    return str(shtab.complete(parser, shell=shell))
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    print(completion_script(args.shell))
+    # The root parser rides on the namespace (set by the parser itself), so this module never
+    # imports the parser module that imports it.
+    print(completion_script(args.root_parser, args.shell))
     return 0

@@ -226,5 +226,6 @@ def build_parser() -> Parser:
                              "bash: `source <(streamsched completion bash)`; zsh: "
                              "`streamsched completion zsh > \"${fpath[1]}/_streamsched\"`.")
     cp.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
+    cp.set_defaults(root_parser=parser)
     add_acl(sub)
     return parser
