@@ -31,6 +31,7 @@ sleep 1; done``); the harness never sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -140,7 +141,7 @@ def _marker(above: str, page: str, index: int) -> tuple[str | None, str | None]:
             raise DocError(f"{page}:{index}: <!-- file: {name} --> must name a path inside the page's "
                            "scratch directory (relative, no ..)")
         return "file", name
-    if body.split(":")[0].split()[0:1] in (["excerpt"], ["file"]):
+    if re.match(r"(excerpt|file)\b", body):
         raise DocError(f"{page}:{index}: malformed marker <!-- {body} -->: use <!-- excerpt --> or "
                        "<!-- file: NAME -->")
     return None, None  # another comment: not a marker
@@ -234,8 +235,15 @@ for raw in messages:
 '''
 
 _SHELL_PRELUDE = r'''
-trap '__docs_st=$?; if [ -n "${__docs_block:-}" ]; then __docs_block=; printf "failed %s %s %s\n" "$LINENO" "$__docs_st" "${BASH_COMMAND//$'"'\n'"'/ }" >&{ctl}; return $__docs_st; fi' ERR
+trap '__docs_st=$? __docs_line=$LINENO
+if [ -n "${__docs_block:-}" ]; then
+  __docs_block=
+  printf "failed %s %s %s\n" "$__docs_line" "$__docs_st" "${BASH_COMMAND//$'"'\n'"'/ }" >&{ctl}
+  return $__docs_st
+fi' ERR
 '''
+"""The first failing command of a block (``set -e``'s rules) reports its line, status and text on
+the control pipe and ends the block (``return`` from the ``source`` that runs it)."""
 
 
 class _Lines:
@@ -324,7 +332,7 @@ class PageRun:
         answer = self._py_results.read(BLOCK_TIMEOUT_S)
         if not answer:
             self.stuck = True
-            why = "did not finish within %.0f s" % BLOCK_TIMEOUT_S if answer is None else "ended Python"
+            why = f"did not finish within {BLOCK_TIMEOUT_S:.0f} s" if answer is None else "ended Python"
             raise PageFailed(f"{block.where}: this python block {why}\nstderr:\n"
                              f"{self._tail('python.err', err_at)}")
         result = json.loads(answer)
@@ -417,19 +425,15 @@ class PageRun:
             if self.bash.poll() is None and not self.stuck:
                 # bash stops its own jobs and reaps them; then it exits.
                 self._send("__docs_block=; trap - ERR; kill $(jobs -p) 2>/dev/null; wait; exit 0\n")
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     self.bash.wait(STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    pass
             _kill_group(self.bash)
             os.close(self._ctl.fd)
         if self.python is not None:
             assert self.python.stdin is not None
             self.python.stdin.close()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.python.wait(0 if self.stuck else STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
             _kill_group(self.python)
             os.close(self._py_results.fd)
         for f in self._files:
@@ -444,10 +448,8 @@ def _strip_prompts(text: str) -> str:
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL whatever is left of the process group (jobs a page left running, their children)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
     if proc.stdin is not None:
         proc.stdin.close()
@@ -498,17 +500,21 @@ def test_page(path: Path, request: pytest.FixtureRequest, tmp_path: Path) -> Non
     try:
         blocks = parse_page(path.read_text(), page)
     except DocError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    problems = unmarked_problems(blocks)
+        blocks, problems = [], [str(exc)]
+    else:
+        problems = unmarked_problems(blocks)
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
     if not any(b.runs for b in blocks):
         return
     bootstrap = request.getfixturevalue("bootstrap")
+    failure = None
     try:
         run_page(page, blocks, tmp_path, page_env(bootstrap))
     except PageFailed as exc:
-        pytest.fail(str(exc), pytrace=False)
+        failure = str(exc)
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
 
 
 def test_readme_is_a_front_page() -> None:
@@ -535,3 +541,137 @@ def test_readme_links_resolve() -> None:
     assert local
     missing = sorted({t for t in local if not (ROOT / t).exists()})
     assert missing == [], f"README.md links to files that do not exist: {missing}"
+
+
+# --- the walker itself (no Kafka) ---------------------------------------------------------------
+
+SAMPLE = """\
+# A page
+
+<!-- excerpt -->
+```bash
+streamsched broker start
+```
+
+<!-- file: conf/app.toml -->
+```toml
+name = "x"
+```
+
+<!-- a comment, not a marker -->
+```python
+print("runs")
+```
+
+1. In a list:
+
+   ```console
+   $ echo one \\
+   > two
+   one two
+   $ true
+   ```
+
+~~~
+unlabeled
+~~~
+"""
+
+
+def test_the_extractor_reads_markers_languages_and_lines() -> None:
+    blocks = parse_page(SAMPLE, "docs/x.md")
+    assert [(b.line, b.lang, b.mark, b.file, b.runs) for b in blocks] == [
+        (4, "bash", "excerpt", None, False),
+        (9, "toml", "file", "conf/app.toml", False),
+        (14, "python", None, None, True),
+        (20, "console", None, None, True),
+        (27, "", None, None, False),
+    ]
+    assert blocks[1].text == 'name = "x"\n'
+    assert blocks[3].text.startswith("$ echo one \\\n> two\n")  # the list's indentation removed
+    assert console_commands(blocks[3]) == [Command(21, "echo one \\\ntwo", ("one two",)), Command(24, "true")]
+    assert unmarked_problems(blocks) == [
+        "docs/x.md:27: a ```(no language) block is neither run nor marked: mark it <!-- file: NAME --> "
+        "(written to the scratch directory) or <!-- excerpt --> (not run) on the line directly above "
+        "the fence"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("```bash\necho\n", "x.md:1: this code block is never closed"),
+    ("<!-- exerpt -->\n```toml\n```\n", None),  # not a marker: then the block is unmarked
+    ("<!-- excerpt: why -->\n```toml\n```\n", "x.md:1: malformed marker <!-- excerpt: why -->"),
+    ("<!-- file: ../up.toml -->\n```toml\n```\n", "x.md:1: <!-- file: ../up.toml --> must name a path"),
+    ("<!-- file: /etc/x -->\n```toml\n```\n", "x.md:1: <!-- file: /etc/x --> must name a path"),
+])
+def test_the_extractor_refuses_what_it_cannot_follow(text: str, message: str | None) -> None:
+    if message is None:
+        assert unmarked_problems(parse_page(text, "x.md")) != []
+        return
+    with pytest.raises(DocError) as caught:
+        parse_page(text, "x.md")
+    assert str(caught.value).startswith(message)
+
+
+def test_expected_console_output_is_matched_in_order_with_ellipses() -> None:
+    printed = "scheduler           charge_due\nidentity            sched_ab12\nstatus  RELEASED\n"
+    assert output_matches(("identity sched_...", "status RELEASED"), printed)
+    assert not output_matches(("status RELEASED", "identity sched_..."), printed)  # order
+    assert not output_matches(("identity sched_",), printed)  # a whole line, not a prefix
+    assert output_matches((), "")
+
+
+RUNNABLE_PAGE = """\
+<!-- file: greeting.txt -->
+```text
+hello
+```
+
+```bash
+export GREETING=$(cat greeting.txt)
+count=3
+sleep 300 &
+echo $! > sleeper.pid
+mkdir sub && cd sub
+```
+
+```python
+import os, pathlib
+assert os.environ["GREETING"] == "hello", os.environ.get("GREETING")
+assert pathlib.Path.cwd().name == "sub"
+pathlib.Path("from-python").write_text("x")
+```
+
+```console
+$ echo "$GREETING $count"; ls
+hello ...
+from-python
+```
+
+```bash
+for i in $(seq 3); do test -e never && break; done
+ls no-such-file
+echo not reached > reached
+```
+"""
+
+
+def test_the_runner_follows_a_page_like_a_terminal_and_names_the_failing_line(tmp_path: Path) -> None:
+    blocks = parse_page(RUNNABLE_PAGE, "docs/t.md")
+    with pytest.raises(PageFailed) as caught:
+        run_page("docs/t.md", blocks, tmp_path, page_env(None))
+    message = str(caught.value)
+    assert message.startswith("docs/t.md:29: `ls no-such-file` failed (exit 2)\nstderr:\n"), message
+    assert "no-such-file" in message.split("stderr:", 1)[1]
+    scratch = tmp_path / "scratch"
+    assert not (scratch / "sub" / "reached").exists()
+    pid = int((scratch / "sleeper.pid").read_text())
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_the_runner_shows_what_a_console_command_printed_against_what_the_page_expects(
+        tmp_path: Path) -> None:
+    page = "```console\n$ echo two\none\n```\n"
+    with pytest.raises(PageFailed) as caught:
+        run_page("x.md", parse_page(page, "x.md"), tmp_path, page_env(None))
+    assert str(caught.value).startswith("x.md:2: `echo two` printed:\n  two\nexpected, in order "
+                                        "(`...` matches anything):\n  one")
