@@ -280,6 +280,7 @@ class PageRun:
         self.stuck = False
         """A block did not finish: its process is killed at once, not asked to stop."""
         self._files: list[IO[bytes]] = []
+        self._shown: dict[str, int] = {}
 
     # -- blocks
 
@@ -302,13 +303,15 @@ class PageRun:
         return f
 
     def _tail(self, name: str, start: int = 0, limit: int = 4000) -> str:
+        """The end of a log from ``start``; what a failure message shows is not shown again."""
         path = self.work / name
         if not path.exists():
             return ""
         with open(path, "rb") as f:
             f.seek(start)
-            text = f.read().decode(errors="replace")
-        return text[-limit:]
+            data = f.read()
+        self._shown[name] = max(self._shown.get(name, 0), start + len(data))
+        return data.decode(errors="replace")[-limit:]
 
     def _size(self, name: str) -> int:
         path = self.work / name
@@ -438,8 +441,9 @@ class PageRun:
             os.close(self._py_results.fd)
         for f in self._files:
             f.close()
-        return "\n".join(f"--- {name} (last lines)\n{self._tail(name, limit=2000)}"
-                         for name in ("shell.err", "python.err") if self._tail(name).strip())
+        later = {name: self._tail(name, self._shown.get(name, 0), limit=2000)
+                 for name in ("shell.err", "python.err") if name in self._shown}
+        return "\n".join(f"--- {name}, after that:\n{text}" for name, text in later.items() if text.strip())
 
 
 def _strip_prompts(text: str) -> str:
