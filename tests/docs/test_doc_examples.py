@@ -373,16 +373,21 @@ class PageRun:
         self._send(f"__docs_block=1; source {shlex.quote(str(path))} </dev/null; __docs_st=$?; "
                    f"__docs_block=; env -0 > {shlex.quote(str(env_file))}; "
                    f"pwd > {shlex.quote(str(pwd_file))}; printf 'done %s\\n' $__docs_st >&{self._ctl_fd}\n")
+        assert self.bash is not None
         failed: str | None = None
+        deadline = time.monotonic() + BLOCK_TIMEOUT_S
         while True:
-            answer = self._ctl.read(BLOCK_TIMEOUT_S)
-            if answer is None or answer == "":
+            # In steps of a second: a shell that exited while its jobs hold the pipe says so.
+            answer = self._ctl.read(min(1.0, max(0.0, deadline - time.monotonic())))
+            ended = answer == "" or (answer is None and self.bash.poll() is not None)
+            if ended or (answer is None and time.monotonic() >= deadline):
                 self.stuck = True
-                why = (f"did not finish within {BLOCK_TIMEOUT_S:.0f} s" if answer is None
-                       else "ended the shell (exit?)")
+                why = "ended the shell (exit?)" if ended else f"did not finish within {BLOCK_TIMEOUT_S:.0f} s"
                 raise PageFailed(f"{block.where}: this {block.lang} block {why}\n"
                                  f"stdout:\n{self._tail('shell.out', out_at)}\n"
                                  f"stderr:\n{self._tail('shell.err', err_at)}")
+            if answer is None:
+                continue
             if answer.startswith("failed "):
                 failed = answer
             elif answer.startswith("done "):
@@ -679,3 +684,12 @@ def test_the_runner_shows_what_a_console_command_printed_against_what_the_page_e
         run_page("x.md", parse_page(page, "x.md"), tmp_path, page_env(None))
     assert str(caught.value).startswith("x.md:2: `echo two` printed:\n  two\nexpected, in order "
                                         "(`...` matches anything):\n  one")
+
+
+def test_a_page_that_exits_its_shell_fails_at_once_naming_the_block(tmp_path: Path) -> None:
+    page = "```bash\nsleep 300 &\nexit 0\n```\n"
+    started = time.monotonic()
+    with pytest.raises(PageFailed) as caught:
+        run_page("x.md", parse_page(page, "x.md"), tmp_path, page_env(None))
+    assert str(caught.value).startswith("x.md:1: this bash block ended the shell (exit?)")
+    assert time.monotonic() - started < BLOCK_TIMEOUT_S / 2
