@@ -693,3 +693,13 @@ def test_a_page_that_exits_its_shell_fails_at_once_naming_the_block(tmp_path: Pa
         run_page("x.md", parse_page(page, "x.md"), tmp_path, page_env(None))
     assert str(caught.value).startswith("x.md:1: this bash block ended the shell (exit?)")
     assert time.monotonic() - started < BLOCK_TIMEOUT_S / 2
+
+
+def test_a_failing_python_block_shows_its_traceback_in_page_lines(tmp_path: Path) -> None:
+    page = "Text.\n\n```python\nx = 1\nassert x == 2, 'x is one'\n```\n"
+    with pytest.raises(PageFailed) as caught:
+        run_page("x.md", parse_page(page, "x.md"), tmp_path, page_env(None))
+    message = str(caught.value)
+    assert message.startswith("x.md:3: this python block failed:\n"), message
+    assert 'File "x.md", line 5' in message and "assert x == 2, 'x is one'" in message
+    assert message.rstrip().endswith("AssertionError: x is one")
