@@ -26,7 +26,9 @@ STREAMSCHED_BOOTSTRAP the test broker:
   naming page:line.
 
 A page polls for effects that take a moment itself, readably (``for i in $(seq 30); do ...;
-sleep 1; done``); the harness never sleeps.
+sleep 1; done``); the harness never sleeps. STREAMSCHED_DOCS_BLOCK_TIMEOUT (seconds, default 120)
+bounds each block. A failure names page:line, the command and its stderr; the page's bash and
+Python logs and each block's script stay in the test's tmp_path.
 """
 
 from __future__ import annotations
@@ -468,7 +470,9 @@ def page_env(bootstrap: str | None) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.pop("STREAMSCHED_CONFIG", None)
+    # What a reader's shell would not have: the test harness's own settings, a connection file.
+    for name in ("STREAMSCHED_CONFIG", "STREAMSCHED_TEST_BOOTSTRAP", "STREAMSCHED_DOCS_BLOCK_TIMEOUT"):
+        env.pop(name, None)
     if bootstrap:
         env["STREAMSCHED_BOOTSTRAP"] = bootstrap
     return env
