@@ -29,7 +29,7 @@ the 10 %-90 % window needs several commits to resolve a rate.
 A warm-up pass of every contender runs first; then ``--rounds`` rounds (3) of each; every rate
 is the median with its range (``<key>_range``).
 
-``--kill-test`` adds the crash check behind the README's claim: each contender processes a fresh
+``--kill-test`` adds the crash check behind the documented claim: each contender processes a fresh
 copy of the input and is SIGKILLed at the first commit observed after ``--kill-after`` of the
 records were committed (the group's offsets polled every 25 ms, so the kill lands within ~25 ms
 of a commit). Then, from Kafka alone (read_committed): every record below the group's committed

@@ -1,7 +1,7 @@
 """streamsched: durable workflow schedulers on Apache Kafka.
 
 Exactly one business effect per stable identity across crashes, rebalances and zombie workers;
-delivery is at-least-once, effects are idempotent. See README.md for the concepts.
+delivery is at-least-once, effects are idempotent. See docs/concepts.md for the concepts.
 
 Exports are resolved lazily so that ``streamsched`` commands (and a worker's signal handling)
 start before aiokafka is imported.

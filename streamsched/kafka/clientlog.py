@@ -15,7 +15,7 @@ Only that one error in that one aiokafka message is touched.
 
 **Bootstrap failures before the first connection** (:class:`BootstrapErrors`). aiokafka logs an
 ERROR for every bootstrap address it cannot reach, then raises; a command that cannot reach
-Kafka at all already reports that in one line of its own (exit 3, README "Exit codes"), so
+Kafka at all already reports that in one line of its own (exit 3; see the documented exit codes), so
 the ERROR lines in front of it only repeat it with a traceback-like prefix. Until a client of
 this process has connected once, those records are held (address and error type only, at most
 :data:`MAX_HELD`), and the CLI's one line names them; when a client connects, they are logged

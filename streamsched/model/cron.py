@@ -19,7 +19,7 @@ splits the work between croniter and three small pieces of our own:
   in Europe/Berlin fires 2026-10-25 at 00:30Z *and* 01:30Z), and when the hour field is ``*`` it
   drops a gap's wall times instead of firing at the transition (``30 * * * *`` in Europe/Berlin
   goes from 00:30Z to 01:30Z on 2026-03-29, nothing at 01:00Z; same for ``*/7 * * * *`` across
-  Australia/Lord_Howe's 30-minute gap). Our rules are the documented ones (README, "Durable schedules"), so
+  Australia/Lord_Howe's 30-minute gap). Our rules are the documented ones (docs/schedules.md), so
   croniter only ever sees naive wall times.
 * **Counting is ours** (``Cron.count_between``): catch-up reports how many boundaries it skipped,
   possibly after years of downtime, and enumerating them one by one through any iterator is too

@@ -127,7 +127,7 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "Kafka connection", "flag, else its STREAMSCHED_* variable, else the --config file")
     group.add_argument("--config", default=None, metavar="FILE",
-                       help=f"TOML connection file (env {CONFIG_ENV}; see README 'Security')")
+                       help=f"TOML connection file (env {CONFIG_ENV}; see docs/security.md)")
     for flag in ("--sasl-password", "--ssl-key-password"):
         # An exact flag, so argparse never takes it as an abbreviation of the *-file flag (and
         # then shows the password as a file name); it refuses without echoing the value.

@@ -1,5 +1,5 @@
 """The transactional outbox: services enqueue transitions in their own DB transaction; a relay
-publishes them to Kafka (README, "Outbox").
+publishes them to Kafka (docs/outbox.md).
 
 What lives here:
 

@@ -175,12 +175,14 @@ def test_exception_groups_are_unwrapped_to_one_line(capsys: pytest.CaptureFixtur
     assert capsys.readouterr().err == "streamsched: FileNotFoundError: No such file or directory: /x/y.toml\n"
 
 
-def test_readme_lists_the_exit_codes() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Exit codes"):]
-    section = section[:section.index("\n## ", 1)]
-    for code in ("0", "1", "2", "3", "4", "128+N"):
-        assert re.search(rf"^\| {re.escape(code)} \|", section, re.MULTILINE), code
+def test_the_docs_list_the_exit_codes() -> None:
+    from tests.docs.pages import sections
+
+    found = sections("Exit codes")
+    assert found, "no page of README.md, docs/ has a section titled 'Exit codes'"
+    for page, section in found.items():
+        for code in ("0", "1", "2", "3", "4", "128+N"):
+            assert re.search(rf"^\|\s*`?{re.escape(code)}`?\s*\|", section, re.MULTILINE), (page, code)
 
 
 def test_run_help_names_every_variable_the_worker_reads(capsys: pytest.CaptureFixture[str]) -> None:

@@ -133,7 +133,9 @@ def test_compose_parses_and_every_command_parses_with_the_cli(monkeypatch: pytes
 
 
 def test_the_documented_compose_commands_parse(monkeypatch: pytest.MonkeyPatch) -> None:
-    text = (ROOT / "compose.yaml").read_text() + (ROOT / "README.md").read_text()
+    from tests.docs.pages import pages
+
+    text = (ROOT / "compose.yaml").read_text() + "".join(pages().values())
     runs = re.findall(r"docker compose run --rm (\w+) (.+)", text)
     assert len(runs) >= 2
     for _service, rest in runs:
@@ -196,9 +198,7 @@ def test_kubernetes_example_probes_grace_and_commands(monkeypatch: pytest.Monkey
         assert job_args.catalog == ["default"]  # the ticker's catalog: it may not create it
 
 
-def test_readme_says_what_was_checked_where() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Deployment"):]
-    section = section[:section.index("\n## ", 1)]
+def test_the_deployment_page_says_what_was_checked_where() -> None:
+    section = (ROOT / "docs" / "deployment.md").read_text()
     for needle in ("tests/ops/test_deploy.py", "Docker", "deploy/kubernetes", "docker compose up"):
         assert needle in section, needle
