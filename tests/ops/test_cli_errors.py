@@ -157,10 +157,10 @@ def test_exception_groups_are_unwrapped_to_one_line(capsys: pytest.CaptureFixtur
     assert capsys.readouterr().err == "streamsched: FileNotFoundError: No such file or directory: /x/y.toml\n"
 
 
-def test_readme_lists_the_exit_codes() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Exit codes"):]
-    section = section[:section.index("\n## ", 1)]
+def test_the_operations_page_lists_the_exit_codes() -> None:
+    page = (ROOT / "docs" / "operations.md").read_text()
+    section = page[page.index("## Exit codes"):]
+    section = section.split("\n## ", 1)[0]
     for code in ("0", "1", "2", "3", "4", "128+N"):
         assert re.search(rf"^\| {re.escape(code)} \|", section, re.MULTILINE), code
 
