@@ -1,4 +1,4 @@
-"""The package's layers: imports flow one way (README "Architecture"), and no module imports
+"""The package's layers: imports flow one way (docs/architecture.md), and no module imports
 itself back through others.
 
 Parses every module (no import needed) and checks each ``streamsched.*`` import against the
@@ -184,7 +184,7 @@ GRAPH = _graph({_module(p): (tree, p.name == "__init__.py") for p, tree in TREES
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_flow_one_way(path: Path) -> None:
     layer = _layer(path)
-    assert layer in ALLOWED, f"{layer} is not in the layer table: add it (and to README)"
+    assert layer in ALLOWED, f"{layer} is not in the layer table: add it (and to docs/architecture.md)"
     for name in IMPORTS[path]:
         assert name != "<relative>", "use absolute imports so the layer is visible"
         if name.startswith("streamsched."):

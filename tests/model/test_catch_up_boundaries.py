@@ -18,7 +18,7 @@ EDGES = [63, 64, 65, 100]
 
 
 def _expected_catch_up(due: list[int]) -> tuple[tuple[int, ...], int]:
-    """SPEC §2 as the README states it: the first 64 due boundaries, then the latest."""
+    """As docs/schedules.md states it: the first 64 due boundaries, then the latest."""
     if len(due) <= limits.MAX_CATCH_UP + 1:
         return tuple(due), 0
     return (*due[: limits.MAX_CATCH_UP], due[-1]), len(due) - limits.MAX_CATCH_UP - 1
@@ -57,7 +57,7 @@ def test_coalesce_fires_only_the_latest_every(missed: int) -> None:
 )
 def test_the_documented_table(missed: int, catch_up_fired: int, catch_up_skipped: int,
                               coalesce_skipped: int) -> None:
-    """The table in plan_catch_up's docstring, README and ``schedule --help``, row by row."""
+    """The table in plan_catch_up's docstring, docs/schedules.md and ``schedule --help``, row by row."""
     caught = plan_catch_up(Every(MIN), 0, missed * MIN, policy="catch_up")
     coalesced = plan_catch_up(Every(MIN), 0, missed * MIN, policy="coalesce")
     assert (len(caught.fire), caught.skipped) == (catch_up_fired, catch_up_skipped)
