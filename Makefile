@@ -10,7 +10,7 @@ APT_INSTALL = apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y 
   >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -q --no-install-recommends "$$@"; }; }; apt_install
 
-.PHONY: venv jars lint promtool chromium metrics-doc test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
+.PHONY: venv jars lint promtool chromium metrics-doc docs test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,11 +55,16 @@ metrics-doc: venv
 cli-doc: venv
 	$(BIN)/python -m streamsched.ops.cli.reference
 
+# The documentation site (mkdocs.yml, pages in docs/): strict, so a broken link, a missing page
+# or a missing included file fails the build; the result goes to site/ (not committed).
+docs: venv
+	$(BIN)/mkdocs build --strict --site-dir site
+
 lint: venv
 	$(BIN)/ruff check streamsched tests consumers bench scripts examples
 	$(BIN)/mypy
 
-test: venv jars lint promtool chromium
+test: venv jars lint docs promtool chromium
 	$(BIN)/python -m pytest -q -ra
 	$(MAKE) --no-print-directory test-kafka-other
 
@@ -85,4 +90,4 @@ broker-stop: venv
 
 clean:
 	-$(BIN)/streamsched broker stop
-	rm -rf .streamsched .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .streamsched .pytest_cache .mypy_cache .ruff_cache site

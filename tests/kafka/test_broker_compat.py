@@ -1,5 +1,5 @@
-"""Each tested Kafka release works with aiokafka 0.14, transactions included
-(docs/kafka-versions.md). ``make test`` runs this file on both tested lines (STREAMSCHED_KAFKA_VERSION)."""
+"""Each tested Kafka release works with aiokafka 0.14, transactions included (docs/kafka-versions.md).
+``make test`` runs this file on both tested lines (STREAMSCHED_KAFKA_VERSION)."""
 
 from __future__ import annotations
 

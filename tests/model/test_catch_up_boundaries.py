@@ -18,7 +18,7 @@ EDGES = [63, 64, 65, 100]
 
 
 def _expected_catch_up(due: list[int]) -> tuple[tuple[int, ...], int]:
-    """Catch-up as docs/schedules.md states it: the first 64 due boundaries, then the latest."""
+    """As docs/schedules.md states it: the first 64 due boundaries, then the latest."""
     if len(due) <= limits.MAX_CATCH_UP + 1:
         return tuple(due), 0
     return (*due[: limits.MAX_CATCH_UP], due[-1]), len(due) - limits.MAX_CATCH_UP - 1
