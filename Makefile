@@ -10,7 +10,7 @@ APT_INSTALL = apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y 
   >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -q --no-install-recommends "$$@"; }; }; apt_install
 
-.PHONY: venv jars lint promtool chromium metrics-doc docs test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
+.PHONY: venv jars lint promtool chromium fault-tools test-faults metrics-doc docs test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,8 +65,21 @@ lint: venv
 	$(BIN)/mypy
 
 test: venv jars lint docs promtool chromium
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -m "not faults"
+	$(MAKE) --no-print-directory test-faults
 	$(MAKE) --no-print-directory test-kafka-other
+
+# The fault matrix: each scenario on a fresh three-node cluster, workers as real processes.
+# Network cuts need root, network namespaces and nftables; clock skew needs libfaketime; a
+# scenario skips, saying why, where its tool cannot be had (and fails under CI=true).
+test-faults: venv jars fault-tools
+	$(BIN)/python -m pytest -q -ra -m faults tests/faults
+
+fault-tools:
+	@if command -v nft >/dev/null 2>&1 && command -v faketime >/dev/null 2>&1 && command -v ip >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  $(APT_INSTALL) nftables iproute2 faketime || echo "nftables/iproute2/faketime could not be installed: those fault scenarios skip"; \
+	else echo "nft/ip/faketime not found and not installable here (needs apt-get as root): those fault scenarios skip"; fi
 
 test-kafka-other: venv jars
 	env -u STREAMSCHED_TEST_BOOTSTRAP STREAMSCHED_KAFKA_VERSION=$(KAFKA_OTHER) \
