@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from streamsched.errors import ConfigError, StreamschedError
 
@@ -144,8 +144,23 @@ every failure is one line on stderr ("streamsched: ..."); STREAMSCHED_LOG=DEBUG 
 
 
 def check_environment(env: Mapping[str, str] | None = None) -> None:
-    """Every ``STREAMSCHED_*`` variable checked before a command starts (filled in by the settings
-    table): a bad value is a :class:`ConfigError` naming the variable, never a traceback later."""
+    """Every set ``STREAMSCHED_*`` variable checked against its declaration
+    (:mod:`streamsched.settings`) before a command starts: a bad value is a :class:`ConfigError`
+    naming the variable (never a secret's value), not a traceback or exit 4 later in a worker."""
+    from streamsched import settings
+
+    settings.check(env)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with its usage errors as one line (``streamsched: COMMAND: what is wrong``, exit
+    2), like every other failure: the usage block it would print buries the one line that
+    matters. ``--help`` still shows the full usage. Subparsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("streamsched").strip()
+        self.exit(2, f"streamsched: {command + ': ' if command else ''}{message} "
+                     f"(see `{self.prog} --help`)\n")
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

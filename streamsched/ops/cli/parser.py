@@ -24,7 +24,7 @@ from streamsched.ops.cli.commands import (
     cmd_status,
     cmd_topics,
 )
-from streamsched.ops.cli.common import DEFAULT_DATA_DIR, EXIT_CODES, version_text
+from streamsched.ops.cli.common import DEFAULT_DATA_DIR, EXIT_CODES, ArgumentParser, version_text
 from streamsched.ops.cli.events import cmd_emit, cmd_schedule
 
 _SCHEDULE_EPILOG = """\
@@ -124,7 +124,7 @@ def _add_single_replica_option(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from streamsched.ops.config import add_connection_options
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="streamsched", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
         description="Durable workflow schedulers on Apache Kafka. `streamsched COMMAND --help` tells "
                     "each command's flags (and the STREAMSCHED_* variable each one reads).")
