@@ -141,7 +141,8 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     _v("SSL_KEY_PASSWORD", "secret", "password of the client key (or a file: "
        "STREAMSCHED_SSL_KEY_PASSWORD_FILE)", **_CONN),
     _v("SSL_KEY_PASSWORD_FILE", "path", "file holding the client key's password", **_CONN),
-    _v("SSL_CHECK_HOSTNAME", "bool", "match the broker certificate to the host name", default="true", **_CONN),
+    _v("SSL_CHECK_HOSTNAME", "bool", "match the broker certificate to the host name", default="true",
+       **_CONN),
     _v("CLIENT_OPTIONS", "options", "aiokafka options for every client", **_CONN),
     _v("PRODUCER_OPTIONS", "options", "aiokafka options for producers", **_CONN),
     _v("CONSUMER_OPTIONS", "options", "aiokafka options for consumers", **_CONN),
@@ -185,8 +186,8 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        "--dsn; it may hold a password)", group="commands"),
     _v("KAFKA_VERSION", "str", "`broker start`: the Apache Kafka release to run (as --kafka-version)",
        default="the newest tested", extra=_kafka_version, group="commands"),
-    _v("CACHE", "path", "`broker start`: where Kafka's jars are cached", default="$XDG_CACHE_HOME/streamsched",
-       group="commands"),
+    _v("CACHE", "path", "`broker start`: where Kafka's jars are cached",
+       default="$XDG_CACHE_HOME/streamsched", group="commands"),
     _v("STORE_PASSWORD", "secret", "set by `broker start --tls` for the openssl it runs; not read from "
        "your environment", internal=True, group="testing"),
     # Tests and crash drills.
