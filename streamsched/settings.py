@@ -295,3 +295,23 @@ def check(env: Mapping[str, str] | None = None) -> None:
         parse(var, text)
         if var.alias_of is not None and not environ.get(var.alias_of, "").strip():
             _deprecated(var)
+
+
+_TOML_AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
+_QUOTED = re.compile(r"\s*('[^']*'|\"[^\"]*\")")
+
+
+def toml_error(what: str, path: object, exc: ValueError) -> ConfigError:
+    """A :class:`ConfigError` for a TOML file that does not parse: the file, line and column and
+    what tomllib expected, without any quoted fragment of the file (it may be a password).
+    ``what`` names the kind of file ("connection file", "topic definition")."""
+    text = str(exc)
+    at = _TOML_AT.search(text)
+    reason = _QUOTED.sub("", text[:at.start()] if at else text).strip() or "invalid"
+    if at is None:
+        where = ""
+    elif at.group(1) is None:
+        where = " at the end of the file"
+    else:
+        where = f" at line {at.group(1)}, column {at.group(2)}"
+    return ConfigError(f"{what} {path}: not valid TOML{where}: {reason}")

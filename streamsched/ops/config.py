@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamsched import settings
 from streamsched.errors import ConfigError
 from streamsched.kafka.clients import Connection
 from streamsched.kafka.security import SASL_MECHANISMS, SECURITY_PROTOCOLS, Secret
@@ -206,8 +207,10 @@ def load_file(path: Path) -> dict[str, Any]:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"connection file {path} does not exist") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"connection file {path} is not readable TOML ({type(exc).__name__})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise settings.toml_error("connection file", path, exc) from None
+    except OSError as exc:
+        raise ConfigError(f"connection file {path}: {exc.strerror or type(exc).__name__}") from None
     unknown = sorted(set(doc) - _FILE_KEYS)
     if unknown:
         raise ConfigError(f"connection file {path}: unknown key(s) {', '.join(unknown)}")
