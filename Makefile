@@ -52,6 +52,10 @@ chromium:
 metrics-doc: venv
 	$(BIN)/python -c "from streamsched.metrics import reference_markdown as r; open('docs/metrics.md', 'w').write(r())"
 
+.PHONY: config-doc
+config-doc: venv
+	$(BIN)/python -c "from streamsched.ops.configdoc import PATH, reference_markdown as r; open(PATH, 'w').write(r())"
+
 lint: venv
 	$(BIN)/ruff check streamsched tests consumers bench scripts examples
 	$(BIN)/mypy
