@@ -91,7 +91,7 @@ def reference_markdown() -> str:
         key = f"[{k.key[0]}]" if table else ".".join(k.key)
         flag = f"`{s.flag}`" if s else "-"
         env = f"`{s.env}`" if s else "-"
-        who = "every client" if k.key[0] == "client" else f"{k.key[0]}s only"
+        who = {"client": "every client", "admin": "admin clients only"}.get(k.key[0], f"{k.key[0]}s only")
         meaning = f"a table of aiokafka options for {who} (name = value)" if table else k.help
         out.append(f"| `{key}` | {_cell(k.default)} | {flag} | {env} | {_cell(meaning)} |\n")
     return "".join(out)
