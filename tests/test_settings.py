@@ -44,7 +44,7 @@ def test_the_configuration_reference_matches_the_code() -> None:
     for i, line in enumerate(lines):
         if line.startswith("```"):
             # The docs runner executes unmarked blocks: each opening fence is marked an excerpt.
-            assert fenced or lines[i - 1] == "<!-- excerpt -->", f"line {i + 1}: a fence without <!-- excerpt -->"
+            assert fenced or lines[i - 1] == "<!-- excerpt -->", f"line {i + 1}: fence not marked"
             fenced = not fenced
     for var in settings.VARIABLES:
         assert f"`{var.name}`" in page
@@ -125,7 +125,7 @@ def test_the_old_millisecond_names_still_work_and_warn_once(monkeypatch: pytest.
     monkeypatch.setenv("STREAMSCHED_SESSION_TIMEOUT", "12s")  # the new name wins
     assert worker_config_from_env("127.0.0.1:9092").session_timeout_ms == 12000
     monkeypatch.setenv("STREAMSCHED_SESSION_TIMEOUT_MS", "x")
-    with pytest.raises(ConfigError, match="^STREAMSCHED_SESSION_TIMEOUT_MS must be"):
+    with pytest.raises(ConfigError, match=r"^STREAMSCHED_SESSION_TIMEOUT_MS must be"):
         settings.check()
 
 
@@ -136,12 +136,14 @@ def test_log_levels_are_any_case_everywhere(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("STREAMSCHED_LOG", "info")
     monkeypatch.setenv("STREAMSCHED_LOG_FORMAT", "Json")
     settings.check()
-    with pytest.raises(ConfigError, match="^STREAMSCHED_LOG must be"):
+    with pytest.raises(ConfigError, match=r"^STREAMSCHED_LOG must be"):
         logs.parse_level("loud")
 
 
-@pytest.mark.parametrize(("loader", "what"), [("connection", "connection file"), ("topics", "topic definition")])
-def test_toml_errors_name_the_file_line_and_column_never_its_text(loader: str, what: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("loader", "what"), [("connection", "connection file"),
+                                              ("topics", "topic definition")])
+def test_toml_errors_name_the_file_line_and_column_never_its_text(loader: str, what: str,
+                                                                  tmp_path: Path) -> None:
     from streamsched.kafka import admin
     from streamsched.ops import config
 
