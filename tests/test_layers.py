@@ -36,7 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "failpoints": {"errors"},
     "logs": {"errors", "settings"},
     # The declared STREAMSCHED_* variables: pure, every layer reads them.
-    "settings": {"errors", "model"},
+    "settings": {"errors", "model", "failpoints"},
     "tracing": {"errors"},
 }
 NO_KAFKA_CLIENT = {"model", "wire"}
