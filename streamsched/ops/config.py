@@ -266,7 +266,7 @@ def _pick(s: Setting, flags: Mapping[str, Any], env: Mapping[str, str], doc: Map
         return merged
     value = flags.get(s.dest)
     if value is None and env.get(s.env):
-        value = settings.value(s.env, env) if s.kind == "bool" else env[s.env]
+        value = settings.value(s.env, env)  # parsed as declared: a bool, a choice in its canonical case
     if value is None and from_file is not None:
         if s.kind == "path":
             from_file = str(base / Path(str(from_file)).expanduser())
