@@ -32,8 +32,6 @@ __all__ = ["CONTEXT_FIELDS", "JsonFormatter", "TextFormatter", "configure", "cur
 
 CONTEXT_FIELDS: Final = ("scheduler", "partition", "offset", "identity", "fence", "trace_id")
 """The only fields a line's context may carry (all safe: names, numbers, digests, trace ids)."""
-LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-FORMATS: Final = ("text", "json")
 
 _context: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("streamsched_log_context",
                                                                                 default={})  # noqa: B039
