@@ -180,6 +180,8 @@ def cases(inputs: Path) -> list[Case]:
              "--create-schema"),
         Case("broker start, a release too old", ("broker", "start", "--kafka-version", "2.8.0"), 2, "2.8.0"),
         Case("broker start, no nodes", ("broker", "start", "--nodes", "0"), 2, "1..9 nodes"),
+        Case("console, a port out of range", ("console", "--port", "99999", "--bootstrap", UNREACHABLE), 2,
+             "--port must be in 0..65535"),
         Case("a malformed topic definition", ("topics", "apply", "--dir", str(inputs / "topics"),
                                               "--bootstrap", UNREACHABLE), 2, "line 3, column 14"),
         Case("replay --verify, unreachable", ("replay", "--app", "tinyapp:app", "--to-earliest", "--verify",
