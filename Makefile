@@ -10,7 +10,7 @@ APT_INSTALL = apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y 
   >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -q --no-install-recommends "$$@"; }; }; apt_install
 
-.PHONY: venv jars lint promtool chromium fault-tools test-faults metrics-doc docs test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
+.PHONY: venv jars lint promtool chromium fault-tools test-faults metrics-doc cli-doc config-doc docs test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,9 @@ cli-doc: venv
 # or a missing included file fails the build; the result goes to site/ (not committed).
 docs: venv
 	$(BIN)/mkdocs build --strict --site-dir site
+
+config-doc: venv
+	$(BIN)/python -c "from streamsched.ops.configdoc import PATH, reference_markdown as r; open(PATH, 'w').write(r())"
 
 lint: venv
 	$(BIN)/ruff check streamsched tests consumers bench scripts examples

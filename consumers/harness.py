@@ -109,7 +109,7 @@ survivor takes over within seconds."""
 CRASH_ENV = {
     **FAST_FAILOVER_ENV,
     # Offsets in every transaction, so a failpoint such as "after_commit:2" lands mid-stream.
-    "STREAMSCHED_COMMIT_INTERVAL_S": "0",
+    "STREAMSCHED_COMMIT_INTERVAL": "0s",
 }
 """Worker settings of the crash tests: fast failover, and offsets committed with every batch."""
 

@@ -47,6 +47,7 @@ Validation of the security settings already lives in :mod:`streamsched.kafka.sec
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -268,6 +269,18 @@ def consumer(conn: Conn, *topics: str, group_id: str | None = None, **options: A
     return built  # type: ignore[no-any-return]
 
 
+async def _closing_on_failure(starting: Awaitable[None], close: Callable[[], Awaitable[None]]) -> None:
+    """Await a client's ``start()``; when it fails (Kafka unreachable), close the client before
+    the error goes on: callers start a client before their ``try``, so nothing else closes it,
+    and aiokafka would print "Unclosed AIOKafkaConsumer" after the one-line error."""
+    try:
+        await starting
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await close()
+        raise
+
+
 @functools.cache
 def _consumer_class() -> type[Any]:
     # Built on first use so importing this module does not import aiokafka.
@@ -279,7 +292,7 @@ def _consumer_class() -> type[Any]:
         _streamsched_conn: Connection | None = None
 
         async def start(self) -> None:
-            await super().start()
+            await _closing_on_failure(super().start(), self.stop)
             _refresh_metadata_on_offset_errors(self)
             await _verify_started(self, compat.client_of(self), self.stop)
 
@@ -303,7 +316,7 @@ def _producer_class() -> type[Any]:
         _streamsched_conn: Connection | None = None
 
         async def start(self) -> None:
-            await super().start()
+            await _closing_on_failure(super().start(), self.stop)
             await _verify_started(self, compat.client_of(self), self.stop)
 
     return Producer
@@ -319,7 +332,7 @@ def _admin_class() -> type[Any]:
         _streamsched_conn: Connection | None = None
 
         async def start(self) -> None:
-            await super().start()
+            await _closing_on_failure(super().start(), self.close)
             await _verify_started(self, compat.client_of(self), self.close)
 
     return Admin

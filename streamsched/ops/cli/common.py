@@ -144,8 +144,12 @@ every failure is one line on stderr ("streamsched: ..."); STREAMSCHED_LOG=DEBUG 
 
 
 def check_environment(env: Mapping[str, str] | None = None) -> None:
-    """Every ``STREAMSCHED_*`` variable checked before a command starts (filled in by the settings
-    table): a bad value is a :class:`ConfigError` naming the variable, never a traceback later."""
+    """Every set ``STREAMSCHED_*`` variable checked against its declaration
+    (:mod:`streamsched.settings`) before a command starts: a bad value is a :class:`ConfigError`
+    naming the variable (never a secret's value), not a traceback or exit 4 later in a worker."""
+    from streamsched import settings
+
+    settings.check(env)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
