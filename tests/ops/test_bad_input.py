@@ -171,8 +171,8 @@ def cases(inputs: Path) -> list[Case]:
     out += [
         Case("version with a bad STATUS_PORT", ("--version",), 0, "", env={"STREAMSCHED_STATUS_PORT": "abc"}),
         Case("version with a bad REPLICATION", ("--version",), 0, "", env={"STREAMSCHED_REPLICATION": "x"}),
-        Case("run with a lower-case log level", ("run", "--app", "tinyapp:app", "--bootstrap", UNREACHABLE), 3,
-             "Kafka is unreachable", env={"STREAMSCHED_LOG": "info"}, any_lines=True),
+        Case("run with a lower-case log level", ("run", "--app", "tinyapp:app", "--bootstrap", UNREACHABLE),
+             3, "Kafka is unreachable", env={"STREAMSCHED_LOG": "info"}, any_lines=True),
         Case("a deprecated variable warns once", ("schedule", "list", "--bootstrap", UNREACHABLE), 3,
              "Kafka is unreachable", env={"STREAMSCHED_SESSION_TIMEOUT_MS": "3000"}, warnings=1),
         Case("outbox status without the database", ("outbox", "status", "--dsn", "sqlite:///x.db"), 2,
