@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.clients import Conn
@@ -139,7 +140,8 @@ async def calls(bootstrap: Conn, wf: Workflow) -> list[Call]:
         assert isinstance(doc, dict)
         fence = doc["fence"]
         assert isinstance(fence, int)
-        out.append((str(doc["idempotency_key"]), fence))
+        # No time: the event commits with its outcome (one transaction), not before it.
+        out.append(Call(str(doc["idempotency_key"]), fence))
     return out
 
 
@@ -153,23 +155,37 @@ async def effects(bootstrap: Conn, wf: Workflow) -> Counter[str]:
         if not wf.ledger.exists():
             return Counter()
         return Counter(key for key, _, _ in Ledger(wf.ledger).effects())
-    return Counter(key for key, _ in await calls(bootstrap, wf))
+    return Counter(c.key for c in await calls(bootstrap, wf))
 
 
 async def claim_history(bootstrap: Conn, wf: Workflow | str) -> dict[str, list[ClaimState]]:
     """Every committed claim snapshot per identity, in log order (of a workflow, or of the state
     topic named)."""
+    return (await timed_claim_history(bootstrap, wf))[0]
+
+
+async def timed_claim_history(bootstrap: Conn, wf: Workflow | str) -> tuple[
+        dict[str, list[ClaimState]], dict[str, list[int]]]:
+    """:func:`claim_history`, and beside each snapshot its record's timestamp (ms, producer clock)."""
     history: dict[str, list[ClaimState]] = defaultdict(list)
+    stamps: dict[str, list[int]] = defaultdict(list)
     for rec in await read_topic(bootstrap, wf if isinstance(wf, str) else wf.state_topic):
         if rec.value is None:
             continue  # a tombstone past the outcome horizon (or of the fence floor)
         st = ClaimState.from_record(CLAIM_CODEC.decode(rec.value))
         history[st.identity].append(st)
-    return history
+        stamps[st.identity].append(rec.timestamp)
+    return history, stamps
 
 
-Call = tuple[str, int]
-"""One accepted call of a command as its destination saw it: (idempotency key, fence)."""
+class Call(NamedTuple):
+    """One accepted call of a command as its destination saw it."""
+
+    key: str
+    """The idempotency key (the business identity)."""
+    fence: int
+    at_ns: int | None = None
+    """When the destination accepted it (wall clock, this host), if it says."""
 
 
 def ledger_calls(path: Path) -> list[Call]:
@@ -180,23 +196,31 @@ def ledger_calls(path: Path) -> list[Call]:
 
     if not path.exists():
         return []
-    return [(key, fence) for key, fence, accepted in Ledger(path).calls() if accepted]
+    return [Call(key, fence, at_ns) for key, fence, accepted, at_ns in Ledger(path).calls(with_time=True)
+            if accepted]
 
 
 @dataclass(frozen=True)
 class Executions:
     """Accepted calls per identity, judged against the outcomes the state topic stored.
 
-    What a destination observes is each accepted call's idempotency key and fence; the state
-    topic says under which fence each outcome was stored (``Outcome.fence``). A claim is
-    committed before its effect and every claim of an identity mints a higher fence than all
-    before it, so an accepted call whose fence is greater than the fence of an outcome already
-    in the log came from a claim taken *after* that outcome was stored: an execution the stored
-    outcome should have prevented (``after_outcome``, always a failure). Several accepted calls
-    at or below the outcome's fence are the at-least-once retries of attempts whose outcome was
-    never stored (a crash or a lost lease between effect and outcome): allowed, and counted in
-    ``retried``. An operator's re-drive (a RELEASED snapshot that clears the outcome) reopens the
-    identity: calls after it are a new execution, not a repeat.
+    A destination observes each accepted call's idempotency key, its fence and (the reference
+    ledger) when it accepted it; the state topic says under which fence each outcome was stored
+    (``Outcome.fence``) and when its record was produced. A call is made *after its identity's
+    outcome was stored* (``after_outcome``: always a failure) when either
+
+    * its fence is greater than the stored outcome's: a claim is committed before its effect and
+      every claim mints a higher fence than all before it, so that claim was taken after the
+      outcome was in the log (clock-free); or
+    * it was accepted at least a millisecond after the outcome's record was produced: the call
+      that produced the outcome came before that record, a stale owner's call would be refused
+      by the fence, so a later accepted call is a new execution even if its fence did not rise
+      (a restart that lost its claims starts fences again). Both clocks are this host's.
+
+    Several accepted calls before that are the at-least-once retries of attempts whose outcome
+    was never stored (a crash or a lost lease between effect and outcome): allowed, and counted
+    in ``retried``. An operator's re-drive (a RELEASED snapshot that clears the outcome) reopens
+    the identity: calls after it are a new execution, not a repeat.
     """
 
     calls: Counter[str]
@@ -214,35 +238,50 @@ class Executions:
         return sorted(i for i, n in self.calls.items() if n > 1 and i not in self.after_outcome)
 
 
-def judge_calls(calls: Iterable[Call], history: dict[str, list[ClaimState]]) -> Executions:
-    """See :class:`Executions`."""
-    calls = list(calls)
-    forbidden: dict[str, list[tuple[int, float]]] = {}  # fence windows (low, high] after an outcome
+_NEVER = float("inf")
+
+
+def judge_calls(calls: Iterable[tuple[str, int] | tuple[str, int, int | None]],
+                history: dict[str, list[ClaimState]],
+                stamps: dict[str, list[int]] | None = None) -> Executions:
+    """See :class:`Executions`. ``stamps`` (from :func:`timed_claim_history`) enables the check
+    by time for calls that carry one."""
+    judged = [Call(*c) for c in calls]
+    fence_windows: dict[str, list[tuple[int, float]]] = {}  # (low, high]: fences claimed while stored
+    time_windows: dict[str, list[tuple[float, float]]] = {}  # [start, end) ns: while stored
     first_fence: dict[str, int] = {}
     succeeded: dict[str, set[int]] = defaultdict(set)
     for identity, states in history.items():
-        windows: list[tuple[int, float]] = []
-        stored: int | None = None
-        for st in states:
+        times = (stamps or {}).get(identity)
+        by_fence: list[tuple[int, float]] = []
+        by_time: list[tuple[float, float]] = []
+        stored: tuple[int, float] | None = None  # (fence, record ms) of the outcome in force
+        for n, st in enumerate(states):
+            at_ms = float(times[n]) if times is not None else _NEVER
             if st.outcome is not None:
                 first_fence.setdefault(identity, st.outcome.fence)
                 if st.outcome.kind is OutcomeKind.SUCCEEDED:
                     succeeded[identity].add(st.outcome.fence)
                 if stored is None:
-                    stored = st.outcome.fence
-            elif stored is not None and st.status is ClaimStatus.RELEASED:
-                windows.append((stored, st.fence))  # reopened (a re-drive): later claims may run
+                    stored = (st.outcome.fence, at_ms)
+            elif stored is not None and st.status is ClaimStatus.RELEASED:  # reopened (a re-drive)
+                by_fence.append((stored[0], st.fence))
+                by_time.append(((stored[1] + 1) * 1e6, at_ms * 1e6))
                 stored = None
         if stored is not None:
-            windows.append((stored, float("inf")))
-        forbidden[identity] = windows
+            by_fence.append((stored[0], _NEVER))
+            by_time.append(((stored[1] + 1) * 1e6, _NEVER))
+        fence_windows[identity], time_windows[identity] = by_fence, by_time
     after: dict[str, list[int]] = defaultdict(list)
-    called: set[Call] = set(calls)
-    for identity, fence in calls:
-        if any(low < fence <= high for low, high in forbidden.get(identity, ())):
-            after[identity].append(fence)
+    for c in judged:
+        late = any(low < c.fence <= high for low, high in fence_windows.get(c.key, ()))
+        if c.at_ns is not None:
+            late = late or any(start <= c.at_ns < end for start, end in time_windows.get(c.key, ()))
+        if late:
+            after[c.key].append(c.fence)
+    called = {(c.key, c.fence) for c in judged}
     unbacked = sorted(i for i, fences in succeeded.items() if any((i, f) not in called for f in fences))
-    return Executions(calls=Counter(i for i, _ in calls), outcome_fence=first_fence,
+    return Executions(calls=Counter(c.key for c in judged), outcome_fence=first_fence,
                       after_outcome=dict(after), unbacked=unbacked)
 
 
@@ -309,8 +348,8 @@ async def audit(bootstrap: Conn, wf: Workflow, events: list[TransitionEvent]) ->
     selected = [ev for ev in events if ev.type == wf.event_type]
     expected = {wf.identity(ev) for ev in selected}
     seen = await effects(bootstrap, wf)
-    history = await claim_history(bootstrap, wf)
-    judged = judge_calls(await calls(bootstrap, wf), history)
+    history, stamps = await timed_claim_history(bootstrap, wf)
+    judged = judge_calls(await calls(bootstrap, wf), history, stamps)
     released = all(history.get(i) and history[i][-1].status is ClaimStatus.RELEASED
                    and history[i][-1].outcome is not None for i in expected)
     total = sum(seen[i] for i in expected)

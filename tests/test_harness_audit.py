@@ -54,3 +54,15 @@ def test_a_redrive_reopens_the_identity() -> None:
     history = {"k": [claimed(1), released(1, ok(1)), reopened, claimed(2), released(2, ok(2))]}
     judged = judge_calls([("k", 1), ("k", 2)], history)
     assert judged.after_outcome == {} and judged.unbacked == []
+
+
+def test_a_call_after_the_outcomes_record_is_a_second_execution_whatever_its_fence() -> None:
+    # A restart that lost its claims starts fences again: fence 1 twice, the second call
+    # accepted 5 ms after the outcome's record was produced (at 1000 ms).
+    history = {"k": [claimed(1), released(1, ok(1))]}
+    stamps = {"k": [999, 1000]}
+    first, again = ("k", 1, 999_500_000), ("k", 1, 1_005_000_000)
+    assert judge_calls([first], history, stamps).after_outcome == {}
+    assert judge_calls([first, again], history, stamps).after_outcome == {"k": [1]}
+    # Within the millisecond of the record (its timestamp is truncated) is still the first call.
+    assert judge_calls([("k", 1, 1_000_900_000)], history, stamps).after_outcome == {}

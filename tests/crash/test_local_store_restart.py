@@ -58,7 +58,7 @@ async def test_restart_from_local_store_reads_only_the_tail(bootstrap: str, tmp_
     resolved = {identity for identity, states in (await claim_history(bootstrap, wf)).items()
                 if any(st.outcome is not None for st in states)}
     assert len(resolved) >= 30, "too few outcomes committed before the crash to prove anything"
-    before = Counter(key for key, _fence in ledger_calls(wf.ledger))
+    before = Counter(c.key for c in ledger_calls(wf.ledger))
 
     survivor = WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=tmp_path / "survivor.log").start()
     try:
@@ -66,7 +66,7 @@ async def test_restart_from_local_store_reads_only_the_tail(bootstrap: str, tmp_
     finally:
         assert survivor.terminate() == 0
 
-    after = Counter(key for key, _fence in ledger_calls(wf.ledger))
+    after = Counter(c.key for c in ledger_calls(wf.ledger))
     rerun = sorted(key for key in resolved if after[key] != before[key])
     assert rerun == [], f"{len(rerun)} identities with a stored outcome executed again"
     assert sum(after.values()) > sum(before.values()), "the restart executed nothing at all"

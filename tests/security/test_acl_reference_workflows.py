@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from role_support import cli, load_reference, plan_keys
 
-from consumers.harness import claim_history, judge_calls, ledger_calls
+from consumers.harness import claim_history, judge_calls, ledger_calls, timed_claim_history
 from consumers.ledger import Ledger
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import read_topic
@@ -89,7 +89,7 @@ async def test_a_reference_workflow_runs_end_to_end_with_exactly_its_planned_acl
                 return sum(1 for states in history.values() if states[-1].outcome is not None) >= EVENTS
 
             await wait_for(stored, timeout=60, what="every outcome stored")
-            judged = judge_calls(ledger_calls(ledger), await claim_history(admin, s.state_topic))
+            judged = judge_calls(ledger_calls(ledger), *await timed_claim_history(admin, s.state_topic))
             assert sorted(judged.calls.values()) == [1] * EVENTS, judged
             assert judged.after_outcome == {} and judged.unbacked == [], judged
     finally:
