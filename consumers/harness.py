@@ -219,8 +219,8 @@ class Executions:
 
     Several accepted calls before that are the at-least-once retries of attempts whose outcome
     was never stored (a crash or a lost lease between effect and outcome): allowed, and counted
-    in ``retried``. An operator's re-drive (a RELEASED snapshot that clears the outcome) reopens
-    the identity: calls after it are a new execution, not a repeat.
+    in ``retried``. An operator's re-drive (a RELEASED snapshot that clears the outcome and keeps
+    the fence) reopens the identity: calls after it are a new execution, not a repeat.
     """
 
     calls: Counter[str]
@@ -264,7 +264,9 @@ def judge_calls(calls: Iterable[tuple[str, int] | tuple[str, int, int | None]],
                     succeeded[identity].add(st.outcome.fence)
                 if stored is None:
                     stored = (st.outcome.fence, at_ms)
-            elif stored is not None and st.status is ClaimStatus.RELEASED:  # reopened (a re-drive)
+            elif stored is not None and st.status is ClaimStatus.RELEASED and st.fence >= stored[0]:
+                # Reopened (a re-drive keeps the fence). A snapshot that lost the outcome and its
+                # fence with it is no reopen: what runs after it is a second execution.
                 by_fence.append((stored[0], st.fence))
                 by_time.append(((stored[1] + 1) * 1e6, at_ms * 1e6))
                 stored = None

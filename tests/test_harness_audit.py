@@ -66,3 +66,11 @@ def test_a_call_after_the_outcomes_record_is_a_second_execution_whatever_its_fen
     assert judge_calls([first, again], history, stamps).after_outcome == {"k": [1]}
     # Within the millisecond of the record (its timestamp is truncated) is still the first call.
     assert judge_calls([("k", 1, 1_000_900_000)], history, stamps).after_outcome == {}
+
+
+def test_a_snapshot_that_lost_the_outcome_and_its_fence_reopens_nothing() -> None:
+    lost = ClaimState("k", ClaimStatus.RELEASED, "", 0, 0, 0, 3, None)
+    history = {"k": [claimed(1), released(1, ok(1)), lost, claimed(1), released(1, ok(1))]}
+    stamps = {"k": [999, 1000, 2000, 2001, 2002]}
+    judged = judge_calls([("k", 1, 999_500_000), ("k", 1, 2_001_500_000)], history, stamps)
+    assert judged.after_outcome == {"k": [1]}
