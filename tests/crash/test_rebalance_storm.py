@@ -46,9 +46,9 @@ BATCHES = 30
 PER_BATCH = 16
 ENV = {
     "STREAMSCHED_CLAIM_DURATION_S": "5",
-    "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
-    "STREAMSCHED_HEARTBEAT_MS": "500",
-    "STREAMSCHED_COMMIT_INTERVAL_S": "0.05",
+    "STREAMSCHED_SESSION_TIMEOUT": "3s",
+    "STREAMSCHED_HEARTBEAT": "0.5s",
+    "STREAMSCHED_COMMIT_INTERVAL": "0.05s",
     "STREAMSCHED_LEDGER_LATENCY_S": "0.01",
     # A quarter of all partition owners fail at a random moment within 3 s of being restored,
     # so owner restarts (and their backoff) keep overlapping the rebalances.

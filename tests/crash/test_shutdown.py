@@ -40,7 +40,7 @@ async def test_sigterm_finishes_in_flight_work_and_leaves(bootstrap: str, tmp_pa
     wf, events = await seeded_workflow(bootstrap, "due_runs", "term", tmp_path, partitions=2,
                                        unique=80, duplicates=10)
     env = {**wf.env, "STREAMSCHED_CLAIM_DURATION_S": "30", "STREAMSCHED_LEDGER_LATENCY_S": "0.2",
-           "STREAMSCHED_SESSION_TIMEOUT_MS": "30000"}
+           "STREAMSCHED_SESSION_TIMEOUT": "30s"}
     worker = WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=tmp_path / "w.log").start()
 
     async def busy() -> bool:

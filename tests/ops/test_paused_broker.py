@@ -206,8 +206,8 @@ async def test_worker_drains_within_seconds_after_a_paused_broker(cluster3: Loca
     await produce(bootstrap, wf, before)
     log = tmp_path / "worker.log"
     worker = WorkerProcess(wf.app_ref, bootstrap, log_path=log, env={
-        **wf.env, "STREAMSCHED_CLAIM_DURATION_S": "5", "STREAMSCHED_SESSION_TIMEOUT_MS": "6000",
-        "STREAMSCHED_HEARTBEAT_MS": "1000"}).start()
+        **wf.env, "STREAMSCHED_CLAIM_DURATION_S": "5", "STREAMSCHED_SESSION_TIMEOUT": "6s",
+        "STREAMSCHED_HEARTBEAT": "1s"}).start()
     try:
         await wait_drained(bootstrap, wf.group, wf.topic, timeout=120)
         # Pause the group's coordinator: the member must rejoin and re-resolve its positions,

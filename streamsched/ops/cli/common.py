@@ -179,6 +179,13 @@ def report_failure(exc: Exception) -> int:
     if ours:
         print(f"streamsched: {type(ours[0]).__name__}: {ours[0]}", file=sys.stderr)
         return 2
+    broken_pipe = any(isinstance(e, BrokenPipeError) for e in leaves)
+    if broken_pipe and not any(isinstance(e, KafkaError) for e in leaves):
+        # The reader of our output went away (`streamsched ... | head`): like any Unix tool, stop
+        # quietly; stdout is pointed at /dev/null so the interpreter's final flush cannot fail too.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     unreachable = KafkaError | ConnectionError | TimeoutError | socket.gaierror
     kafka = [e for e in leaves if isinstance(e, unreachable)]
     if kafka:
