@@ -432,13 +432,15 @@ def admin(conn: Conn, **options: Any) -> Any:
     return built
 
 
-def forget_topic(producer: object, topic: str) -> None:
+def forget_topic(producer: object, topic: str, *, keep: str | None = None) -> None:
     """Stop refreshing ``topic`` in ``producer``'s metadata.
 
     aiokafka keeps every topic it was ever asked about (``partitions_for``, a send) and asks for
     it again every :data:`METADATA_MAX_AGE_MS`, logging an ERROR each time for a topic this
     principal may not describe. A caller that found a topic unusable and will look it up again
     later itself (the ticker's targets) drops it here. aiokafka 0.14 has no public call for this:
-    its client's topic set is replaced (:func:`streamsched.kafka.compat.forget_topic`).
+    its client's topic set is replaced (:func:`streamsched.kafka.compat.forget_topic`); ``keep``
+    (a topic the caller writes anyway) takes the place of a last topic, as an empty set would
+    mean "every topic".
     """
-    compat.forget_topic(producer, topic)
+    compat.forget_topic(producer, topic, keep=keep)

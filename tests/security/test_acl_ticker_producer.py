@@ -241,15 +241,6 @@ async def test_a_ticker_runs_with_exactly_its_planned_acls(ticker_role: TickerRo
     stamps = refusals(text)
     assert stamps, text[-3000:]
     late = [s for s in stamps if (s - stamps[0]).total_seconds() >= REFRESH_S]
-    if late:
-        # A known defect, left visible (found once this test watched the ticker for longer than
-        # one refresh interval): the producer keeps the stray topic, and every refresh logs the
-        # ERROR again. The cause (seen by logging forget_topic's calls): at the first lookup the
-        # stray is the partition producer's only topic, compat.forget_topic keeps a client's last
-        # topic (an empty set means "all"), and later lookups go through the admin probe, which
-        # never forgets it again. Remove this branch with the fix.
-        pytest.xfail(f"the stray topic's lookup was logged again on {len(late)} later metadata "
-                     "refreshes: the ticker's producer did not forget it")
     assert not late, stamps
 
 
