@@ -4,8 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 # Debian packages some tests use: installed quietly; on a fresh machine the package lists may be
-# missing, so a failed install refreshes them once and tries again. Never fails the build: the
-# tests that need the package skip with the reason.
+# missing, so a failed install refreshes them once and tries again. Never fails here: the tests
+# that need the package skip with the reason on a developer's machine, and fail under CI=true
+# (tests/components.py), where a missing tool must not pass unnoticed.
 APT_INSTALL = apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$$@" \
   >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -q --no-install-recommends "$$@"; }; }; apt_install
