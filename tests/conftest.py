@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import components
 import pytest
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
@@ -21,6 +20,7 @@ from streamsched.model.retry import Terminal
 from streamsched.ops.broker import LocalCluster
 from streamsched.testing import running_worker, wait_drained
 from streamsched.worker.app import SchedulerDef
+from tests import components
 
 if TYPE_CHECKING:
     from streamsched.worker.intake import Worker

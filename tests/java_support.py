@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from components import needs
+
+from tests.components import needs
 
 JAVA_HEAP = "-Xmx256m"
 """The machine is shared with the broker and other tests: a short-lived producer needs little."""

@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-from components import needs
 
 from streamsched.errors import BoundExceeded, ConfigError, DecodeError
 from streamsched.integrations import faust as sf
@@ -19,6 +18,7 @@ from streamsched.kafka.producer import encode_event
 from streamsched.model.event import TransitionEvent
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition
+from tests.components import needs
 
 HAS_FAUST = importlib.util.find_spec("faust") is not None
 needs_faust = needs("faust", "faust-streaming is not installed (pip install 'streamsched[faust]')",

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from components import require_module
 
 from consumers.harness import Workflow, create_topics
 from consumers.ledger import Ledger
@@ -36,6 +35,7 @@ from streamsched.testing import ROOT, WorkerProcess, child_pythonpath, wait_drai
 from streamsched.testing.kit import FAST_FAILOVER_ENV
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition
+from tests.components import require_module
 
 require_module("faust", "faust-streaming is not installed (pip install 'streamsched[faust]')")
 

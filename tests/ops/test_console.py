@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession, CookieJar
 from aiohttp.test_utils import TestClient, TestServer
-from components import require_module, require_program
 from yarl import URL
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
@@ -39,6 +38,7 @@ from streamsched.ops.inspect import identity_of
 from streamsched.schedules.catalog import Catalog
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
 from streamsched.worker.app import SchedulerDef
+from tests.components import require_module, require_program
 from tests.conftest import TopicFactory, failing_scheduler
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,6 @@ from typing import Any
 
 import aiohttp
 import yaml
-from components import require_program
 from prom_text import parse_prometheus
 
 from streamsched.kafka.admin import TopicSpec, apply
@@ -24,6 +23,7 @@ from streamsched.ops.status import StatusServer
 from streamsched.schedules.catalog import Catalog
 from streamsched.schedules.ticker import Ticker, TickerConfig
 from streamsched.testing import make_event, produce_events, running, running_worker, wait_drained, wait_for
+from tests.components import require_program
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "streamsched.json"

@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from components import require, require_module, require_program
 from outbox_support import Backend
+
+from tests.components import require, require_module, require_program
 
 PG_DIRS = [d for d in (os.environ.get("STREAMSCHED_PG_BIN"), "/usr/lib/postgresql/15/bin") if d]
 """Where the PostgreSQL server binaries are looked for before PATH."""

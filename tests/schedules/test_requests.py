@@ -92,7 +92,7 @@ async def test_trigger_and_backfill_run_each_identity_once(catalog: Catalog, mak
     assert tags == {None: 2, "trigger": 1, "backfill": 6}
     proc = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "streamsched", "schedule", "history", "job",
-                         "--catalog", catalog.name, "--partitions", "2", "--bootstrap", catalog.bootstrap],
+                         "--catalog", catalog.name, "--bootstrap", catalog.bootstrap],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     lines = proc.stdout.splitlines()
     # Manual RUNNING rows are tagged, and so is the trigger's result row (its identity is its own).
@@ -116,7 +116,7 @@ async def test_a_request_made_while_no_ticker_runs_fires_once_across_restarts(ca
     # No ticker runs now; the command line's receipt names the occurrence.
     proc = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "streamsched", "schedule", "trigger", "job",
-                         "--catalog", catalog.name, "--partitions", "2", "--bootstrap", catalog.bootstrap],
+                         "--catalog", catalog.name, "--bootstrap", catalog.bootstrap],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     receipt = json.loads(proc.stdout)
@@ -163,7 +163,7 @@ async def test_backfill_bounds_and_dry_run(catalog: Catalog, make_topic) -> None
     assert dry.count == 101 and dry.request_id is None and len(dry.occurrences) == 101
     base = [sys.executable, "-m", "streamsched", "schedule", "backfill", "minutely",
             "--catalog", catalog.name,
-            "--partitions", "2", "--bootstrap", catalog.bootstrap,
+            "--bootstrap", catalog.bootstrap,
             "--from", _rfc3339(t), "--to", _rfc3339(t + 100 * 60 * S)]
     proc = await asyncio.to_thread(subprocess.run, base, cwd=ROOT, capture_output=True, text=True,
                                    timeout=120)
