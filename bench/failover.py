@@ -28,7 +28,9 @@ The last line printed is one JSON object: the medians ``kill_first_progress_s``,
 ``kill_all_partitions_progress_s``, ``kill_lag_zero_s``, ``pause_*`` likewise, each with its
 rounds as ``<key>_rounds``, the settings used (``settings``), the machine's load average
 (``load_avg``), and the worker-log noise counted (``sender_errors``, ``unretrieved_tasks``,
-``shutdown_s``: how long each worker took to stop at the end). Progress goes to stderr.
+``reenqueue_key_errors``) and ``shutdown_paused_broker``: each worker's exit code and seconds
+to exit after SIGTERM, sent 3 s after the group coordinator was paused (the drain deadline is
+10 s). Progress goes to stderr.
 
 Usage: ``python bench/failover.py [--rounds N] [--quick] [--partitions 6] [--workers 2]``.
 """
@@ -358,13 +360,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     result[f"{kind}_{key}_rounds"] = [None if v is None else round(v, 2) for v in values]
                 result[f"{kind}_victims"] = [{k: run[k] for k in ("victim", "victim_leads",
                                                                   "victim_txn_coordinates")} for run in runs]
-            # Shutdown with every broker up, timed (the drain deadline is 10 s).
-            shutdown = []
-            for w in workers:
+            # Shutdown while the group coordinator is paused, timed (the drain deadline is 10 s).
+            victim = (await roles(cluster.bootstrap, wf, args.partitions))["group_coordinator"]
+            cluster.kill_node(victim, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(3)
                 started = time.monotonic()
-                code = w.terminate(60)
-                shutdown.append({"exit": code, "s": round(time.monotonic() - started, 2)})
-            result["shutdown"] = shutdown
+                for w in workers:
+                    w.signal(signal.SIGTERM)
+                shutdown = []
+                for w in workers:
+                    code = await asyncio.to_thread(w.wait, 60)
+                    shutdown.append({"exit": code, "s": round(time.monotonic() - started, 2)})
+            finally:
+                cluster.kill_node(victim, signal.SIGCONT)
+            result["shutdown_paused_broker"] = shutdown
             result["load_sent"], result["load_failed"] = load.sent, load.failed
             result["sender_errors"] = count_in_logs(logs, "Unexpected error in sender routine")
             result["unretrieved_tasks"] = count_in_logs(logs, "exception was never retrieved")

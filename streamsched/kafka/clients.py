@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,8 +67,29 @@ LOCKED_PRODUCER = frozenset({"acks", "enable_idempotence", "transactional_id"})
 METADATA_MAX_AGE_MS = 5_000
 """Default metadata refresh period of consumers and producers (aiokafka's own is 300 s): a client
 whose leader moved recovers within seconds even where aiokafka does not refresh on the error."""
+PRODUCER_REQUEST_TIMEOUT_MS = 5_000
+"""Default ``request_timeout_ms`` of producers (aiokafka's own is 40 s; the owners' was 30 s).
+
+A request to a broker that stopped answering (paused, or its host gone without closing the
+connection) waits this long before it is retried on whatever node fresh metadata names. Kafka
+fences such a broker after ``broker.session.timeout.ms`` (9 s by default) and moves its
+leaderships and coordinators; a 30 s timeout kept every transaction that touched it stuck for 30
+s (measured: all partitions progressed 30.7 s after a broker was paused for 30 s), 5 s lets the
+second attempt after the fence go to the new leader. It is also the broker-side ``acks=all``
+wait of a produce, which is answered with a retriable REQUEST_TIMED_OUT, never lost (idempotent
+producers retry without end)."""
+CONSUMER_REQUEST_BOUND_MS = 5_000
+"""How long a consumer waits for any answer but JoinGroup/SyncGroup (see
+:func:`streamsched.kafka.compat.bound_requests`): fetches, heartbeats, offset lookups and
+commits. aiokafka has one ``request_timeout_ms`` for all of them (40 s) and it must stay above
+the rebalance timeout, which the coordinator may hold a JoinGroup for; a heartbeat hung that long
+on a paused coordinator let the member's session expire on the coordinator that replaced it (a
+rebalance of every partition when the broker came back)."""
+REFRESH_ON_TIMEOUT_S = 1.0
+"""At most one forced metadata refresh per client this often on failed requests."""
 _CONSUMER_DEFAULTS: dict[str, Any] = {"metadata_max_age_ms": METADATA_MAX_AGE_MS}
-_PRODUCER_DEFAULTS: dict[str, Any] = {"linger_ms": 1, "metadata_max_age_ms": METADATA_MAX_AGE_MS}
+_PRODUCER_DEFAULTS: dict[str, Any] = {"linger_ms": 1, "metadata_max_age_ms": METADATA_MAX_AGE_MS,
+                                      "request_timeout_ms": PRODUCER_REQUEST_TIMEOUT_MS}
 
 
 @dataclass(frozen=True)
@@ -265,6 +287,7 @@ def consumer(conn: Conn, *topics: str, group_id: str | None = None, **options: A
                               auto_offset_reset="earliest", isolation_level="read_committed",
                               **{**_CONSUMER_DEFAULTS, **c.for_client("consumer"), **options})
     built._streamsched_conn = c
+    _recover_from_timeouts(built, CONSUMER_REQUEST_BOUND_MS / 1000)
     return built  # type: ignore[no-any-return]
 
 
@@ -388,6 +411,24 @@ def _refresh_metadata_on_offset_errors(consumer: object) -> None:
                     "a metadata refresh")
 
 
+def _recover_from_timeouts(built: object, bound_s: float | None) -> None:
+    """Bound ``built``'s requests to ``bound_s`` (None: its own request timeout) and refresh its
+    metadata, at most every :data:`REFRESH_ON_TIMEOUT_S`, when one times out or its connection
+    fails, so the retry goes to the node that took over (aiokafka retries the same one)."""
+    client = compat.client_of(built)
+    last = [float("-inf")]
+
+    def refresh() -> None:
+        now = time.monotonic()
+        if now - last[0] >= REFRESH_ON_TIMEOUT_S:
+            last[0] = now
+            client.force_metadata_update()
+
+    if client is None or not compat.bound_requests(client, bound_s, refresh):
+        log.warning("aiokafka client internals changed; a timed-out request will not force a "
+                    "metadata refresh")
+
+
 def producer(conn: Conn, **options: Any) -> Producer:
     """An idempotent ``AIOKafkaProducer`` with ``acks="all"`` (not started)."""
     _refuse(options, LOCKED_PRODUCER, "producer")
@@ -395,6 +436,8 @@ def producer(conn: Conn, **options: Any) -> Producer:
     built = _producer_class()(acks="all", enable_idempotence=True,
                               **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
     built._streamsched_conn = c
+    _recover_from_timeouts(built, None)
+    compat.contain_requeue(built)
     return built  # type: ignore[no-any-return]
 
 
@@ -408,6 +451,8 @@ def transactional_producer(conn: Conn, transactional_id: str, **options: Any) ->
     built = _producer_class()(acks="all", enable_idempotence=True, transactional_id=transactional_id,
                               **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
     built._streamsched_conn = c
+    _recover_from_timeouts(built, None)
+    compat.contain_requeue(built)
     return built  # type: ignore[no-any-return]
 
 

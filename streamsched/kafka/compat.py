@@ -101,6 +101,77 @@ def on_offset_lookup_error(consumer: object, hook: Callable[[], None]) -> bool:
     return True
 
 
+JOIN_GROUP_KEY, SYNC_GROUP_KEY = 11, 14
+"""API keys of the requests a group coordinator may hold until a rebalance completes."""
+
+
+def bound_requests(client: Any, timeout_s: float | None, on_timeout: Callable[[], object]) -> bool:
+    """Make a (not yet started) ``AIOKafkaClient`` give up a request after ``timeout_s`` (None:
+    after its own ``request_timeout_ms``), closing that connection as aiokafka does on its own
+    timeout, and call ``on_timeout()`` whenever a request times out or its connection fails.
+    JoinGroup and SyncGroup keep the client's own timeout: the coordinator holds them until the
+    rebalance completes. False (nothing changed) if aiokafka's client internals differ.
+
+    aiokafka has one ``request_timeout_ms`` per client and retries a request that timed out on
+    the node its metadata still names, without refreshing: a request to a stopped broker waits
+    out the whole timeout, then asks it again. Every request goes through ``client.send`` (the
+    group coordinator, fetcher and sender look it up on the client at each call), so wrapping
+    that one method bounds them all."""
+    from aiokafka.client import ConnectionGroup
+    from aiokafka.conn import CloseReason
+    from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
+
+    original = getattr(client, "send", None)
+    conns = getattr(client, "_conns", None)
+    if original is None or not isinstance(conns, dict):
+        return False
+
+    async def send(node_id: Any, request: Any, **kwargs: Any) -> Any:
+        held = getattr(request, "API_KEY", None) in (JOIN_GROUP_KEY, SYNC_GROUP_KEY)
+        try:
+            if timeout_s is None or held:
+                return await original(node_id, request, **kwargs)
+            try:
+                return await asyncio.wait_for(original(node_id, request, **kwargs), timeout_s)
+            except TimeoutError as exc:
+                conn = conns.get((node_id, kwargs.get("group", ConnectionGroup.DEFAULT)))
+                if conn is not None:  # as aiokafka does: the next request reconnects
+                    conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
+                raise RequestTimedOutError() from exc
+        except (RequestTimedOutError, KafkaConnectionError):
+            on_timeout()
+            raise
+
+    client.send = send
+    return True
+
+
+def contain_requeue(producer: object) -> bool:
+    """Make a producer's accumulator drop, not re-queue, a batch that already failed.
+
+    When aiokafka 0.14's sender routine dies (an error it does not expect, e.g.
+    ``InvalidTxnState`` answering a transactional offset commit after a broker was paused), its
+    ``fail_all`` fails every pending batch, which removes each from the accumulator's
+    ``_pending_batches``; the produce tasks still in flight are orphaned, and when one of them
+    times out it calls ``reenqueue``, whose ``_pending_batches.remove`` raises ``KeyError`` in a
+    task nobody awaits ("Task exception was never retrieved" at shutdown). A failed batch can
+    never be delivered (the producer is dead), so dropping it is what aiokafka means to do.
+    False (nothing changed) if aiokafka's accumulator differs."""
+    acc = getattr(producer, "_message_accumulator", None)
+    original = getattr(acc, "reenqueue", None)
+    if acc is None or original is None:
+        return False
+
+    def reenqueue(batch: Any) -> None:
+        future = getattr(batch, "future", None)
+        if isinstance(future, asyncio.Future) and future.done():
+            return  # failed with the rest when the sender died: nothing left to deliver
+        original(batch)
+
+    acc.reenqueue = reenqueue
+    return True
+
+
 def position_now(consumer: object, tp: object) -> int | None:
     """``tp``'s position if ``consumer`` knows it now, else None; never waits.
 
