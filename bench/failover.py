@@ -17,8 +17,9 @@ pause  SIGSTOP of the group coordinator for ``--pause-s`` (30 s), then SIGCONT.
 
 Measured from the fault (the signal), per scenario:
 
-* ``first_progress_s``: the first partition whose executions (effects in the app's ledger,
-  timestamped by the app) or committed offset advance after the fault;
+* ``first_progress_s``: the first partition that executes work sent after the fault (an effect in
+  the app's ledger, timestamped by the app) or commits offsets past its end at the fault (work
+  already in hand at the fault finishing is not progress);
 * ``all_partitions_progress_s``: when the last partition did;
 * ``lag_zero_s``: when the group's total lag (transition and delay topics, committed offsets
   against read_committed ends) is back at or below its steady level, the largest total lag
@@ -90,6 +91,7 @@ class Load:
     partitions: int
     rate: float
     partition_of: dict[str, int] = field(default_factory=dict)
+    created: dict[str, float] = field(default_factory=dict)
     sent: int = 0
     failed: int = 0
     counter: itertools.count[int] = field(default_factory=itertools.count)
@@ -100,6 +102,7 @@ class Load:
             run_id = f"run-{next(self.counter)}"
             ev = make_event("due", "t", [run_id], due_ns=1_700_000_000 * 10**9)
             self.partition_of[run_id] = partition_for_key(route_key(ev.tenant, ev.target), self.partitions)
+            self.created[run_id] = time.time()
             events.append(ev)
         return events
 
@@ -134,8 +137,8 @@ class Monitor:
         self.delay = internal_topic("delay", wf.name)
         self.admin: Any = None
         self.consumer: Any = None
-        self.samples: list[tuple[float, dict[int, int], int]] = []
-        """(time, committed offset per transition partition, total lag) per successful poll."""
+        self.samples: list[tuple[float, dict[int, int], dict[int, int], int]] = []
+        """(time, committed offset and end per transition partition, total lag) per poll."""
 
     async def start(self) -> None:
         opts = {"request_timeout_ms": MONITOR_TIMEOUT_MS, "metadata_max_age_ms": 2000}
@@ -159,7 +162,9 @@ class Monitor:
         offsets = {tp: (committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0)
                    for tp in tps}
         lag = sum(max(0, int(end[tp]) - offsets[tp]) for tp in tps)
-        self.samples.append((at, {tp.partition: offsets[tp] for tp in tps if tp.topic == self.wf.topic}, lag))
+        mine = [tp for tp in tps if tp.topic == self.wf.topic]
+        self.samples.append((at, {tp.partition: offsets[tp] for tp in mine},
+                             {tp.partition: int(end[tp]) for tp in mine}, lag))
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -170,7 +175,7 @@ class Monitor:
             await asyncio.sleep(max(0.0, POLL_S - (time.monotonic() - started)))
 
     def lag_now(self) -> int | None:
-        return self.samples[-1][2] if self.samples else None
+        return self.samples[-1][3] if self.samples else None
 
 
 def executions_since(ledger: Path, since_ns: int) -> list[tuple[str, int]]:
@@ -230,7 +235,7 @@ async def in_sync(bootstrap: str, topics: list[str]) -> bool:
 async def scenario(kind: str, cluster: LocalCluster, wf: Workflow, load: Load, mon: Monitor,
                    args: argparse.Namespace) -> dict[str, float | None]:
     await asyncio.sleep(args.steady_s)
-    steady = [lag for at, _, lag in mon.samples if at >= time.time() - args.steady_s]
+    steady = [lag for at, _, _, lag in mon.samples if at >= time.time() - args.steady_s]
     threshold = max([1, *steady])
     r = await roles(cluster.bootstrap, wf, args.partitions)
     victim = r["group_coordinator"]
@@ -238,7 +243,7 @@ async def scenario(kind: str, cluster: LocalCluster, wf: Workflow, load: Load, m
     txn = sorted(p for p, n in enumerate(r["txn_coordinators"]) if n == victim)
     log(f"{kind}: victim node {victim} (group coordinator; leads partitions {led}; transaction "
         f"coordinator of partitions {txn}); steady lag <= {threshold}")
-    base = mon.samples[-1][1] if mon.samples else {}
+    ends = mon.samples[-1][2] if mon.samples else {}  # committing past these: work sent after
     t0 = time.time()
     cluster.kill_node(victim, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
     progressed: dict[int, float] = {}
@@ -252,17 +257,19 @@ async def scenario(kind: str, cluster: LocalCluster, wf: Workflow, load: Load, m
                 cluster.kill_node(victim, signal.SIGCONT)
                 resumed = True
                 log(f"pause: node {victim} resumed after {time.time() - t0:.1f}s")
+            # Progress: work sent after the fault executed, or offsets committed past it (work
+            # in hand at the fault finishing is not recovery).
             for run_id, at_ns in executions_since(wf.ledger, int(t0 * 1e9)):
                 p = load.partition_of.get(run_id)
-                if p is not None:
+                if p is not None and load.created.get(run_id, 0.0) > t0:
                     progressed[p] = min(progressed.get(p, float("inf")), at_ns / 1e9 - t0)
-            for at, committed, _ in mon.samples:
+            for at, committed, _, _ in mon.samples:
                 if at > t0:
                     for p, off in committed.items():
-                        if off > base.get(p, 0):
+                        if p in ends and off > ends[p]:
                             progressed[p] = min(progressed.get(p, float("inf")), at - t0)
             if len(progressed) == args.partitions and lag_zero is None:
-                for at, _, lag in mon.samples:
+                for at, _, _, lag in mon.samples:
                     if at > t0 and at - t0 >= max(progressed.values()) and lag <= threshold:
                         lag_zero = at - t0
                         break

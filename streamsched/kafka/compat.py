@@ -105,43 +105,68 @@ JOIN_GROUP_KEY, SYNC_GROUP_KEY = 11, 14
 """API keys of the requests a group coordinator may hold until a rebalance completes."""
 
 
-def bound_requests(client: Any, timeout_s: float | None, on_timeout: Callable[[], object]) -> bool:
-    """Make a (not yet started) ``AIOKafkaClient`` give up a request after ``timeout_s`` (None:
-    after its own ``request_timeout_ms``), closing that connection as aiokafka does on its own
-    timeout, and call ``on_timeout()`` whenever a request times out or its connection fails.
-    JoinGroup and SyncGroup keep the client's own timeout: the coordinator holds them until the
-    rebalance completes. False (nothing changed) if aiokafka's client internals differ.
+def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], object]) -> bool:
+    """Make a (not yet started) ``AIOKafkaClient`` give up connecting to a broker, or waiting for
+    its answer, after ``timeout_s``, and call ``on_timeout()`` whenever a request times out or its
+    connection fails. JoinGroup and SyncGroup keep the client's own ``request_timeout_ms``: the
+    coordinator holds them until the rebalance completes. False (nothing changed) if aiokafka's
+    client internals differ.
 
-    aiokafka has one ``request_timeout_ms`` per client and retries a request that timed out on
-    the node its metadata still names, without refreshing: a request to a stopped broker waits
-    out the whole timeout, then asks it again. Every request goes through ``client.send`` (the
-    group coordinator, fetcher and sender look it up on the client at each call), so wrapping
-    that one method bounds them all."""
+    aiokafka has one ``request_timeout_ms`` per client. It bounds a connection's handshake (made
+    under a lock every new connection of the client waits for), each request on it (metadata
+    included) and, in consumers and producers, whole API calls such as ``end_offsets`` or a
+    ``send`` waiting for buffer space, so it cannot simply be lowered. A broker that stops
+    answering (paused, or its host gone) then holds each request to it for that whole timeout,
+    and the retry goes to the same node. Here:
+
+    * ``_get_conn`` (every new connection, also for metadata) is bounded, and connections of the
+      default group (fetches, produces, metadata, offset lookups) time each request out after
+      ``timeout_s`` (the connection's ``_request_timeout``);
+    * ``send`` (the group coordinator, fetcher and sender look it up on the client at each call)
+      bounds every request but JoinGroup/SyncGroup, also on coordinator connections, which keep
+      the client's timeout for those two: aiokafka then closes the connection, as on its own
+      timeout, so the next request reconnects."""
     from aiokafka.client import ConnectionGroup
     from aiokafka.conn import CloseReason
     from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
 
-    original = getattr(client, "send", None)
+    send_original = getattr(client, "send", None)
+    get_conn_original = getattr(client, "_get_conn", None)
     conns = getattr(client, "_conns", None)
-    if original is None or not isinstance(conns, dict):
+    if send_original is None or get_conn_original is None or not isinstance(conns, dict):
         return False
+    default = ConnectionGroup.DEFAULT
 
-    async def send(node_id: Any, request: Any, **kwargs: Any) -> Any:
+    async def get_conn(node_id: Any, *, group: Any = default, no_hint: bool = False) -> Any:
+        try:
+            conn = await asyncio.wait_for(get_conn_original(node_id, group=group, no_hint=no_hint),
+                                          timeout_s)
+        except TimeoutError:
+            on_timeout()  # as aiokafka does when a connection fails: its metadata may be stale
+            return None
+        if conn is not None and group == default:
+            current = getattr(conn, "_request_timeout", None)
+            if isinstance(current, int | float) and current > timeout_s:
+                conn._request_timeout = timeout_s
+        return conn
+
+    async def send(node_id: Any, request: Any, *, group: Any = default) -> Any:
         held = getattr(request, "API_KEY", None) in (JOIN_GROUP_KEY, SYNC_GROUP_KEY)
         try:
-            if timeout_s is None or held:
-                return await original(node_id, request, **kwargs)
+            if held:
+                return await send_original(node_id, request, group=group)
             try:
-                return await asyncio.wait_for(original(node_id, request, **kwargs), timeout_s)
+                return await asyncio.wait_for(send_original(node_id, request, group=group), timeout_s)
             except TimeoutError as exc:
-                conn = conns.get((node_id, kwargs.get("group", ConnectionGroup.DEFAULT)))
-                if conn is not None:  # as aiokafka does: the next request reconnects
+                conn = conns.get((node_id, group))
+                if conn is not None:
                     conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
                 raise RequestTimedOutError() from exc
         except (RequestTimedOutError, KafkaConnectionError):
             on_timeout()
             raise
 
+    client._get_conn = get_conn
     client.send = send
     return True
 

@@ -120,6 +120,7 @@ class Worker:
             name=s.topic, bootstrap=config.bootstrap,
             transactional_id=lambda p: transactional_id("scheduler", s.group, s.topic, partition=p),
             producer_options=lambda p: dict(max_batch_size=1024 * 1024, max_request_size=2 * 1024 * 1024,
+                                            request_timeout_ms=30_000,
                                             transaction_timeout_ms=int(config.transaction_deadline_s * 1000),
                                             retry_backoff_ms=RETRY_BACKOFF_MS,
                                             client_id=f"{config.owner}-p{p}"),

@@ -210,18 +210,24 @@ async def test_producer_futures_finds_the_transaction_and_batch_futures() -> Non
     assert compat.transaction_waiter(object()) is None and compat.producer_futures(object()) == []
 
 
-def test_bounded_requests_wrap_the_send_every_client_user_calls() -> None:
+def test_bounded_requests_wrap_what_every_client_user_calls() -> None:
     _method(AIOKafkaClient, "send", ["node_id", "request", "group"], "bound_requests", coroutine=True)
+    _method(AIOKafkaClient, "_get_conn", ["node_id", "group", "no_hint"], "bound_requests", coroutine=True)
     _assigns(AIOKafkaClient.__init__, "_conns", "bound_requests")
+    _assigns(AIOKafkaConnection.__init__, "_request_timeout", "bound_requests")
     from aiokafka.consumer.group_coordinator import GroupCoordinator
     from aiokafka.producer.sender import BaseHandler, SendProduceReqHandler
     from aiokafka.protocol.group import JoinGroupRequest, SyncGroupRequest
 
-    # The instance attribute only takes effect because every caller looks send up on the client.
+    # The instance attributes only take effect because every caller looks them up at each call.
     for cls, call in ((GroupCoordinator, "self._client.send("), (Fetcher, "self._client.send("),
                       (BaseHandler, "self._sender.client.send("),
-                      (SendProduceReqHandler, "self._client.send(")):
+                      (SendProduceReqHandler, "self._client.send("),
+                      (AIOKafkaClient, "await self._get_conn(")):
         assert call in _class_source(cls), _changed(f"how {cls.__name__} sends requests", "bound_requests")
+    # Each request's timeout is read from the connection when it is sent.
+    assert "wait_for(fut, self._request_timeout)" in inspect.getsource(AIOKafkaConnection.send), \
+        _changed("AIOKafkaConnection.send's timeout", "bound_requests")
     assert (JoinGroupRequest.API_KEY, SyncGroupRequest.API_KEY) == (compat.JOIN_GROUP_KEY,
                                                                     compat.SYNC_GROUP_KEY)
 
@@ -239,20 +245,30 @@ async def test_a_bounded_request_times_out_closes_its_connection_and_calls_the_h
         await asyncio.sleep(0.2)  # a broker that answers late (a paused one never does)
         return "answer"
 
-    conn = SimpleNamespace(close=lambda reason=None: closed.append(reason))
-    client = SimpleNamespace(send=send, _conns={(1, ConnectionGroup.DEFAULT): conn})
+    def conn() -> SimpleNamespace:
+        return SimpleNamespace(close=lambda reason=None: closed.append(reason), _request_timeout=40.0)
+
+    made = {(1, ConnectionGroup.DEFAULT): conn(), (1, ConnectionGroup.COORDINATION): conn()}
+
+    async def get_conn(node_id: int, *, group: int = ConnectionGroup.DEFAULT, no_hint: bool = False) -> Any:
+        if node_id == 2:
+            await asyncio.sleep(1)  # connecting to a paused broker: its handshake never answers
+        return made.get((node_id, group))
+
+    client = SimpleNamespace(send=send, _get_conn=get_conn, _conns=made)
     assert compat.bound_requests(client, 0.05, lambda: hooks.append("refresh"))
     with pytest.raises(RequestTimedOutError):
-        await client.send(1, SimpleNamespace(API_KEY=12))  # a heartbeat
+        await client.send(1, SimpleNamespace(API_KEY=12), group=ConnectionGroup.COORDINATION)  # heartbeat
     assert len(closed) == 1 and hooks == ["refresh"]
     # JoinGroup and SyncGroup wait for the rebalance: only the client's own timeout applies.
     assert await client.send(1, SimpleNamespace(API_KEY=compat.JOIN_GROUP_KEY)) == "answer"
     with pytest.raises(KafkaConnectionError):
         await client.send(3, SimpleNamespace(API_KEY=1))
-    assert hooks == ["refresh", "refresh"] and len(closed) == 1
-    unbounded = SimpleNamespace(send=send, _conns={})
-    assert compat.bound_requests(unbounded, None, lambda: hooks.append("again"))
-    assert await unbounded.send(1, SimpleNamespace(API_KEY=1)) == "answer"
+    assert hooks == ["refresh"] * 2 and len(closed) == 1
+    # Connecting is bounded too; default connections time each request out after the bound.
+    assert await client._get_conn(2) is None and hooks == ["refresh"] * 3
+    assert (await client._get_conn(1))._request_timeout == 0.05
+    assert (await client._get_conn(1, group=ConnectionGroup.COORDINATION))._request_timeout == 40.0
     assert not compat.bound_requests(SimpleNamespace(), 1.0, lambda: None)  # a different aiokafka
 
 
