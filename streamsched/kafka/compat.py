@@ -15,6 +15,7 @@ never loads it).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from io import BytesIO
 from typing import Any
@@ -125,7 +126,12 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
     * ``send`` (the group coordinator, fetcher and sender look it up on the client at each call)
       bounds every request but JoinGroup/SyncGroup, also on coordinator connections, which keep
       the client's timeout for those two: aiokafka then closes the connection, as on its own
-      timeout, so the next request reconnects."""
+      timeout, so the next request reconnects;
+    * a node whose connection or request timed out is skipped for ``timeout_s`` (``_get_conn``
+      answers None at once, as for a node it cannot reach): aiokafka picks nodes for metadata
+      and coordinator lookups at random and would otherwise spend a whole timeout on the
+      stopped node again and again, and every request to it fails at once and is retried after
+      its backoff (the Java client's reconnect backoff does the same)."""
     from aiokafka.client import ConnectionGroup
     from aiokafka.conn import CloseReason
     from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
@@ -136,13 +142,21 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
     if send_original is None or get_conn_original is None or not isinstance(conns, dict):
         return False
     default = ConnectionGroup.DEFAULT
+    suspect: dict[Any, float] = {}
+    """Node id -> until when it is skipped (monotonic)."""
+
+    def timed_out(node_id: Any) -> None:
+        suspect[node_id] = time.monotonic() + timeout_s
+        on_timeout()  # as aiokafka does when a connection fails: its metadata may be stale
 
     async def get_conn(node_id: Any, *, group: Any = default, no_hint: bool = False) -> Any:
+        if suspect.get(node_id, 0.0) > time.monotonic():
+            return None
         try:
             conn = await asyncio.wait_for(get_conn_original(node_id, group=group, no_hint=no_hint),
                                           timeout_s)
         except TimeoutError:
-            on_timeout()  # as aiokafka does when a connection fails: its metadata may be stale
+            timed_out(node_id)
             return None
         if conn is not None and group == default:
             current = getattr(conn, "_request_timeout", None)
@@ -162,7 +176,10 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
                 if conn is not None:
                     conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
                 raise RequestTimedOutError() from exc
-        except (RequestTimedOutError, KafkaConnectionError):
+        except RequestTimedOutError:
+            timed_out(node_id)
+            raise
+        except KafkaConnectionError:
             on_timeout()
             raise
 

@@ -257,18 +257,25 @@ async def test_a_bounded_request_times_out_closes_its_connection_and_calls_the_h
 
     client = SimpleNamespace(send=send, _get_conn=get_conn, _conns=made)
     assert compat.bound_requests(client, 0.05, lambda: hooks.append("refresh"))
+    # Default connections time each request out after the bound; coordinator ones keep theirs.
+    assert (await client._get_conn(1))._request_timeout == 0.05
+    assert (await client._get_conn(1, group=ConnectionGroup.COORDINATION))._request_timeout == 40.0
     with pytest.raises(RequestTimedOutError):
         await client.send(1, SimpleNamespace(API_KEY=12), group=ConnectionGroup.COORDINATION)  # heartbeat
     assert len(closed) == 1 and hooks == ["refresh"]
+    # A node that just timed out is skipped for the bound (no new attempt, no new wait).
+    assert await client._get_conn(1) is None
     # JoinGroup and SyncGroup wait for the rebalance: only the client's own timeout applies.
     assert await client.send(1, SimpleNamespace(API_KEY=compat.JOIN_GROUP_KEY)) == "answer"
     with pytest.raises(KafkaConnectionError):
         await client.send(3, SimpleNamespace(API_KEY=1))
     assert hooks == ["refresh"] * 2 and len(closed) == 1
-    # Connecting is bounded too; default connections time each request out after the bound.
+    # Connecting is bounded too.
     assert await client._get_conn(2) is None and hooks == ["refresh"] * 3
-    assert (await client._get_conn(1))._request_timeout == 0.05
-    assert (await client._get_conn(1, group=ConnectionGroup.COORDINATION))._request_timeout == 40.0
+    started = asyncio.get_running_loop().time()
+    assert await client._get_conn(2) is None and asyncio.get_running_loop().time() - started < 0.05
+    await asyncio.sleep(0.06)  # then it is tried again
+    assert await client._get_conn(1) is made[(1, ConnectionGroup.DEFAULT)]
     assert not compat.bound_requests(SimpleNamespace(), 1.0, lambda: None)  # a different aiokafka
 
 
