@@ -152,9 +152,12 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
     async def get_conn(node_id: Any, *, group: Any = default, no_hint: bool = False) -> Any:
         if suspect.get(node_id, 0.0) > time.monotonic():
             return None
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
+        # arrives as the call completes, and a consumer's stop() then waits for its fetch task
+        # forever.
         try:
-            conn = await asyncio.wait_for(get_conn_original(node_id, group=group, no_hint=no_hint),
-                                          timeout_s)
+            async with asyncio.timeout(timeout_s):
+                conn = await get_conn_original(node_id, group=group, no_hint=no_hint)
         except TimeoutError:
             timed_out(node_id)
             return None
@@ -170,7 +173,8 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
             if held:
                 return await send_original(node_id, request, group=group)
             try:
-                return await asyncio.wait_for(send_original(node_id, request, group=group), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    return await send_original(node_id, request, group=group)
             except TimeoutError as exc:
                 conn = conns.get((node_id, group))
                 if conn is not None:

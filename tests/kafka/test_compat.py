@@ -290,10 +290,11 @@ async def test_a_batch_failed_by_a_dead_sender_is_dropped_not_requeued() -> None
         acc = producer._message_accumulator
         tp = TopicPartition("t", 0)
         producer._txn_manager.set_pid_and_epoch(1, 0)  # idempotent: as after InitProducerId
-        await acc.add_message(tp, None, b"v", timeout=1)
+        sent = await acc.add_message(tp, None, b"v", timeout=1)
         batch = acc._pop_batch(tp)  # as the sender drains it: pending, in flight
         acc.fail_all(KafkaError("sender died"))  # what the dead sender's done callback does
         await asyncio.sleep(0)  # the batch future's callbacks run
+        assert isinstance(sent.exception(), KafkaError)  # the send's caller sees the failure
         assert batch not in acc._pending_batches
         acc.reenqueue(batch)  # what an orphaned produce task does when its request times out
         assert not acc._batches.get(tp)
