@@ -84,9 +84,10 @@ A broker that stops answering (paused, or its host gone) is fenced by Kafka afte
 aiokafka waited out the whole request timeout on it first: every transaction that touched it
 stayed stuck for 30 s, and a consumer's heartbeat (or a connection attempt, made under a lock
 all its new connections wait for, or a metadata request) hung long enough for its session to
-expire on the coordinator that took over (measured: all partitions progressed 30.7 s after a
-broker was paused for 30 s, then a rebalance of every partition). With 5 s, the second attempt
-after the fence goes to the node that took over."""
+expire on the coordinator that took over (measured, median of 3: every partition progressed
+33.7 s after a broker was paused for 30 s, then a rebalance of every partition; with this bound
+15.2 s and no rebalance, see docs/failover.md). With 5 s, the second attempt after the fence goes
+to the node that took over."""
 REFRESH_ON_TIMEOUT_S = 1.0
 """At most one forced metadata refresh per client this often on failed requests."""
 _CONSUMER_DEFAULTS: dict[str, Any] = {"metadata_max_age_ms": METADATA_MAX_AGE_MS}
