@@ -30,6 +30,13 @@ producers default to :data:`METADATA_MAX_AGE_MS` (a small MetadataRequest for th
 topics every few seconds), and every consumer forces a metadata refresh when an offset lookup
 fails (:func:`_refresh_metadata_on_offset_errors`), so it finds the new leader at once.
 
+Recovery from a stopped broker (docs/failover.md): a broker that stops answering (paused, or
+its host gone) keeps aiokafka's requests waiting for their whole ``request_timeout_ms`` and
+then retries them on the same node. Every consumer and producer bounds connecting and each
+request but JoinGroup/SyncGroup to :data:`REQUEST_BOUND_MS` and forces a metadata refresh when a
+request times out or its connection breaks, so the retry after Kafka fenced the broker goes to
+the node that took over (:func:`_recover_from_timeouts`).
+
 Broker version: every client, once started, checks the cluster's Kafka release from
 its ApiVersions (:func:`verify_broker`, once per process and bootstrap list) and refuses an
 untested one with :class:`~streamsched.kafka.version.UntestedKafkaVersion` unless the connection
@@ -50,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +75,22 @@ LOCKED_PRODUCER = frozenset({"acks", "enable_idempotence", "transactional_id"})
 METADATA_MAX_AGE_MS = 5_000
 """Default metadata refresh period of consumers and producers (aiokafka's own is 300 s): a client
 whose leader moved recovers within seconds even where aiokafka does not refresh on the error."""
+REQUEST_BOUND_MS = 5_000
+"""How long a consumer or producer waits to connect to a broker or for its answer, except for
+JoinGroup/SyncGroup (see :func:`streamsched.kafka.compat.bound_requests`); aiokafka's
+``request_timeout_ms`` (40 s by default, the owners' 30 s) still bounds whole calls and those two.
+
+A broker that stops answering (paused, or its host gone) is fenced by Kafka after
+``broker.session.timeout.ms`` (9 s by default), which moves its leaderships and coordinators.
+aiokafka waited out the whole request timeout on it first: every transaction that touched it
+stayed stuck for 30 s, and a consumer's heartbeat (or a connection attempt, made under a lock
+all its new connections wait for, or a metadata request) hung long enough for its session to
+expire on the coordinator that took over (measured, median of 3: every partition progressed
+33.7 s after a broker was paused for 30 s, then a rebalance of every partition; with this bound
+15.2 s and no rebalance, see docs/failover.md). With 5 s, the second attempt after the fence goes
+to the node that took over."""
+REFRESH_ON_TIMEOUT_S = 1.0
+"""At most one forced metadata refresh per client this often on failed requests."""
 _CONSUMER_DEFAULTS: dict[str, Any] = {"metadata_max_age_ms": METADATA_MAX_AGE_MS}
 _PRODUCER_DEFAULTS: dict[str, Any] = {"linger_ms": 1, "metadata_max_age_ms": METADATA_MAX_AGE_MS}
 
@@ -266,6 +290,7 @@ def consumer(conn: Conn, *topics: str, group_id: str | None = None, **options: A
                               auto_offset_reset="earliest", isolation_level="read_committed",
                               **{**_CONSUMER_DEFAULTS, **c.for_client("consumer"), **options})
     built._streamsched_conn = c
+    _recover_from_timeouts(built)
     return built  # type: ignore[no-any-return]
 
 
@@ -401,6 +426,25 @@ def _refresh_metadata_on_offset_errors(consumer: object) -> None:
                     "a metadata refresh")
 
 
+def _recover_from_timeouts(built: object) -> None:
+    """Bound ``built``'s connections and requests to :data:`REQUEST_BOUND_MS` and refresh its
+    metadata, at most every :data:`REFRESH_ON_TIMEOUT_S`, when a request times out or its
+    connection fails, so the retry goes to the node that took over (aiokafka retries the same
+    one until its periodic refresh)."""
+    client = compat.client_of(built)
+    last = [float("-inf")]
+
+    def refresh() -> None:
+        now = time.monotonic()
+        if now - last[0] >= REFRESH_ON_TIMEOUT_S:
+            last[0] = now
+            client.force_metadata_update()
+
+    if client is None or not compat.bound_requests(client, REQUEST_BOUND_MS / 1000, refresh):
+        log.warning("aiokafka client internals changed; requests to a broker that stopped "
+                    "answering wait for the whole request timeout")
+
+
 def producer(conn: Conn, **options: Any) -> Producer:
     """An idempotent ``AIOKafkaProducer`` with ``acks="all"`` (not started)."""
     _refuse(options, LOCKED_PRODUCER, "producer")
@@ -408,6 +452,8 @@ def producer(conn: Conn, **options: Any) -> Producer:
     built = _producer_class()(acks="all", enable_idempotence=True,
                               **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
     built._streamsched_conn = c
+    _recover_from_timeouts(built)
+    compat.contain_requeue(built)
     return built  # type: ignore[no-any-return]
 
 
@@ -421,6 +467,8 @@ def transactional_producer(conn: Conn, transactional_id: str, **options: Any) ->
     built = _producer_class()(acks="all", enable_idempotence=True, transactional_id=transactional_id,
                               **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
     built._streamsched_conn = c
+    _recover_from_timeouts(built)
+    compat.contain_requeue(built)
     return built  # type: ignore[no-any-return]
 
 

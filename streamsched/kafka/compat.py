@@ -15,6 +15,7 @@ never loads it).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from io import BytesIO
 from typing import Any
@@ -98,6 +99,122 @@ def on_offset_lookup_error(consumer: object, hook: Callable[[], None]) -> bool:
             raise
 
     fetcher._proc_offset_request = proc_offset_request
+    return True
+
+
+JOIN_GROUP_KEY, SYNC_GROUP_KEY = 11, 14
+"""API keys of the requests a group coordinator may hold until a rebalance completes."""
+
+
+def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], object]) -> bool:
+    """Make a (not yet started) ``AIOKafkaClient`` give up connecting to a broker, or waiting for
+    its answer, after ``timeout_s``, and call ``on_timeout()`` whenever a request times out or its
+    connection fails. JoinGroup and SyncGroup keep the client's own ``request_timeout_ms``: the
+    coordinator holds them until the rebalance completes. False (nothing changed) if aiokafka's
+    client internals differ.
+
+    aiokafka has one ``request_timeout_ms`` per client. It bounds a connection's handshake (made
+    under a lock every new connection of the client waits for), each request on it (metadata
+    included) and, in consumers and producers, whole API calls such as ``end_offsets`` or a
+    ``send`` waiting for buffer space, so it cannot simply be lowered. A broker that stops
+    answering (paused, or its host gone) then holds each request to it for that whole timeout,
+    and the retry goes to the same node. Here:
+
+    * ``_get_conn`` (every new connection, also for metadata) is bounded, and connections of the
+      default group (fetches, produces, metadata, offset lookups) time each request out after
+      ``timeout_s`` (the connection's ``_request_timeout``);
+    * ``send`` (the group coordinator, fetcher and sender look it up on the client at each call)
+      bounds every request but JoinGroup/SyncGroup, also on coordinator connections, which keep
+      the client's timeout for those two: aiokafka then closes the connection, as on its own
+      timeout, so the next request reconnects;
+    * a node whose connection or request timed out is skipped for ``timeout_s`` (``_get_conn``
+      answers None at once, as for a node it cannot reach): aiokafka picks nodes for metadata
+      and coordinator lookups at random and would otherwise spend a whole timeout on the
+      stopped node again and again, and every request to it fails at once and is retried after
+      its backoff (the Java client's reconnect backoff does the same)."""
+    from aiokafka.client import ConnectionGroup
+    from aiokafka.conn import CloseReason
+    from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
+
+    send_original = getattr(client, "send", None)
+    get_conn_original = getattr(client, "_get_conn", None)
+    conns = getattr(client, "_conns", None)
+    if send_original is None or get_conn_original is None or not isinstance(conns, dict):
+        return False
+    default = ConnectionGroup.DEFAULT
+    suspect: dict[Any, float] = {}
+    """Node id -> until when it is skipped (monotonic)."""
+
+    def timed_out(node_id: Any) -> None:
+        suspect[node_id] = time.monotonic() + timeout_s
+        on_timeout()  # as aiokafka does when a connection fails: its metadata may be stale
+
+    async def get_conn(node_id: Any, *, group: Any = default, no_hint: bool = False) -> Any:
+        if suspect.get(node_id, 0.0) > time.monotonic():
+            return None
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
+        # arrives as the call completes, and a consumer's stop() then waits for its fetch task
+        # forever.
+        try:
+            async with asyncio.timeout(timeout_s):
+                conn = await get_conn_original(node_id, group=group, no_hint=no_hint)
+        except TimeoutError:
+            timed_out(node_id)
+            return None
+        if conn is not None and group == default:
+            current = getattr(conn, "_request_timeout", None)
+            if isinstance(current, int | float) and current > timeout_s:
+                conn._request_timeout = timeout_s
+        return conn
+
+    async def send(node_id: Any, request: Any, *, group: Any = default) -> Any:
+        held = getattr(request, "API_KEY", None) in (JOIN_GROUP_KEY, SYNC_GROUP_KEY)
+        try:
+            if held:
+                return await send_original(node_id, request, group=group)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    return await send_original(node_id, request, group=group)
+            except TimeoutError as exc:
+                conn = conns.get((node_id, group))
+                if conn is not None:
+                    conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
+                raise RequestTimedOutError() from exc
+        except RequestTimedOutError:
+            timed_out(node_id)
+            raise
+        except KafkaConnectionError:
+            on_timeout()
+            raise
+
+    client._get_conn = get_conn
+    client.send = send
+    return True
+
+
+def contain_requeue(producer: object) -> bool:
+    """Make a producer's accumulator drop, not re-queue, a batch that already failed.
+
+    When aiokafka 0.14's sender routine dies (an error it does not expect, e.g.
+    ``InvalidTxnState`` answering a transactional offset commit after a broker was paused), its
+    ``fail_all`` fails every pending batch, which removes each from the accumulator's
+    ``_pending_batches``; the produce tasks still in flight are orphaned, and when one of them
+    times out it calls ``reenqueue``, whose ``_pending_batches.remove`` raises ``KeyError`` in a
+    task nobody awaits ("Task exception was never retrieved" at shutdown). A failed batch can
+    never be delivered (the producer is dead), so dropping it is what aiokafka means to do.
+    False (nothing changed) if aiokafka's accumulator differs."""
+    acc = getattr(producer, "_message_accumulator", None)
+    original = getattr(acc, "reenqueue", None)
+    if acc is None or original is None:
+        return False
+
+    def reenqueue(batch: Any) -> None:
+        future = getattr(batch, "future", None)
+        if isinstance(future, asyncio.Future) and future.done():
+            return  # failed with the rest when the sender died: nothing left to deliver
+        original(batch)
+
+    acc.reenqueue = reenqueue
     return True
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -218,9 +219,12 @@ class GroupMember(Generic[P]):
     async def close(self) -> None:
         """Drain every owner (not when this task is being cancelled: a hard stop), then leave the
         group, so the partitions move at once."""
+        started = time.monotonic()
         try:
             await self.owners.close()
         finally:
             if self._consumer is not None:
+                # What is left of the deadline (at least a second to leave the group).
+                left = self.membership.shutdown_deadline_s - (time.monotonic() - started)
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._consumer.stop(), self.membership.shutdown_deadline_s)
+                    await asyncio.wait_for(self._consumer.stop(), max(1.0, left))

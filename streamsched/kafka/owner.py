@@ -67,6 +67,9 @@ from streamsched.metrics import Metrics
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+RELEASE_MIN_S = 1.0
+"""What a stopping owner has at least to release its body and producer once its work is done or
+cancelled (the rest of the drain deadline when more is left)."""
 
 
 async def finish_or_cancel(task: asyncio.Task[Any], deadline_s: float) -> None:
@@ -272,14 +275,19 @@ class PartitionOwner(Generic[T]):
         self.stopping = True
         if self.body is not None:
             self.body.wake()
+        started = time.monotonic()
         await finish_or_cancel(self.task, deadline_s)
-        release_s = self.spec.producer_stop_s if deadline_s > 0 else 1.0
+        # Releasing shares the deadline (at least RELEASE_MIN_S): with a broker down, a producer
+        # stop waits on requests that cannot be answered, and shutdown must still end in time.
+        left = deadline_s - (time.monotonic() - started)
+        release_s = min(self.spec.producer_stop_s, max(RELEASE_MIN_S, left)) if deadline_s > 0 else 1.0
+        release_end = time.monotonic() + release_s
         if self.body is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.body.close(), release_s)
         if self.producer is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.producer.stop(), release_s)
+                await asyncio.wait_for(self.producer.stop(), max(0.1, release_end - time.monotonic()))
             self.on_producer(-1)
             leftover = settle_producer_futures(self.producer)
             if leftover is not None and not is_fenced(leftover):

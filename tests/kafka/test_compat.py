@@ -212,6 +212,106 @@ async def test_producer_futures_finds_the_transaction_and_batch_futures() -> Non
     assert compat.transaction_waiter(object()) is None and compat.producer_futures(object()) == []
 
 
+def test_bounded_requests_wrap_what_every_client_user_calls() -> None:
+    _method(AIOKafkaClient, "send", ["node_id", "request", "group"], "bound_requests", coroutine=True)
+    _method(AIOKafkaClient, "_get_conn", ["node_id", "group", "no_hint"], "bound_requests", coroutine=True)
+    _assigns(AIOKafkaClient.__init__, "_conns", "bound_requests")
+    _assigns(AIOKafkaConnection.__init__, "_request_timeout", "bound_requests")
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+    from aiokafka.producer.sender import BaseHandler, SendProduceReqHandler
+    from aiokafka.protocol.group import JoinGroupRequest, SyncGroupRequest
+
+    # The instance attributes only take effect because every caller looks them up at each call.
+    for cls, call in ((GroupCoordinator, "self._client.send("), (Fetcher, "self._client.send("),
+                      (BaseHandler, "self._sender.client.send("),
+                      (SendProduceReqHandler, "self._client.send("),
+                      (AIOKafkaClient, "await self._get_conn(")):
+        assert call in _class_source(cls), _changed(f"how {cls.__name__} sends requests", "bound_requests")
+    # Each request's timeout is read from the connection when it is sent.
+    assert "wait_for(fut, self._request_timeout)" in inspect.getsource(AIOKafkaConnection.send), \
+        _changed("AIOKafkaConnection.send's timeout", "bound_requests")
+    assert (JoinGroupRequest.API_KEY, SyncGroupRequest.API_KEY) == (compat.JOIN_GROUP_KEY,
+                                                                    compat.SYNC_GROUP_KEY)
+
+
+async def test_a_bounded_request_times_out_closes_its_connection_and_calls_the_hook() -> None:
+    from aiokafka.client import ConnectionGroup
+    from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
+
+    closed: list[object] = []
+    hooks: list[str] = []
+
+    async def send(node_id: int, request: object, *, group: int = ConnectionGroup.DEFAULT) -> str:
+        if node_id == 3:
+            raise KafkaConnectionError("closed")
+        await asyncio.sleep(0.2)  # a broker that answers late (a paused one never does)
+        return "answer"
+
+    def conn() -> SimpleNamespace:
+        return SimpleNamespace(close=lambda reason=None: closed.append(reason), _request_timeout=40.0)
+
+    made = {(1, ConnectionGroup.DEFAULT): conn(), (1, ConnectionGroup.COORDINATION): conn()}
+
+    async def get_conn(node_id: int, *, group: int = ConnectionGroup.DEFAULT, no_hint: bool = False) -> Any:
+        if node_id == 2:
+            await asyncio.sleep(1)  # connecting to a paused broker: its handshake never answers
+        return made.get((node_id, group))
+
+    client = SimpleNamespace(send=send, _get_conn=get_conn, _conns=made)
+    assert compat.bound_requests(client, 0.05, lambda: hooks.append("refresh"))
+    # Default connections time each request out after the bound; coordinator ones keep theirs.
+    assert (await client._get_conn(1))._request_timeout == 0.05
+    assert (await client._get_conn(1, group=ConnectionGroup.COORDINATION))._request_timeout == 40.0
+    with pytest.raises(RequestTimedOutError):
+        await client.send(1, SimpleNamespace(API_KEY=12), group=ConnectionGroup.COORDINATION)  # heartbeat
+    assert len(closed) == 1 and hooks == ["refresh"]
+    # A node that just timed out is skipped for the bound (no new attempt, no new wait).
+    assert await client._get_conn(1) is None
+    # JoinGroup and SyncGroup wait for the rebalance: only the client's own timeout applies.
+    assert await client.send(1, SimpleNamespace(API_KEY=compat.JOIN_GROUP_KEY)) == "answer"
+    with pytest.raises(KafkaConnectionError):
+        await client.send(3, SimpleNamespace(API_KEY=1))
+    assert hooks == ["refresh"] * 2 and len(closed) == 1
+    # Connecting is bounded too.
+    assert await client._get_conn(2) is None and hooks == ["refresh"] * 3
+    started = asyncio.get_running_loop().time()
+    assert await client._get_conn(2) is None and asyncio.get_running_loop().time() - started < 0.05
+    await asyncio.sleep(0.06)  # then it is tried again
+    assert await client._get_conn(1) is made[(1, ConnectionGroup.DEFAULT)]
+    assert not compat.bound_requests(SimpleNamespace(), 1.0, lambda: None)  # a different aiokafka
+
+
+async def test_a_batch_failed_by_a_dead_sender_is_dropped_not_requeued() -> None:
+    _method(MessageAccumulator, "reenqueue", ["batch"], "contain_requeue", coroutine=False)
+    # What contain_requeue guards: reenqueue removes the batch from the pending set, which a
+    # failed batch already left.
+    assert "self._pending_batches.remove(batch)" in inspect.getsource(MessageAccumulator.reenqueue), \
+        _changed("MessageAccumulator.reenqueue", "contain_requeue")
+    producer = clients.producer("127.0.0.1:1")
+    try:
+        acc = producer._message_accumulator
+        tp = TopicPartition("t", 0)
+        producer._txn_manager.set_pid_and_epoch(1, 0)  # idempotent: as after InitProducerId
+        sent = await acc.add_message(tp, None, b"v", timeout=1)
+        batch = acc._pop_batch(tp)  # as the sender drains it: pending, in flight
+        acc.fail_all(KafkaError("sender died"))  # what the dead sender's done callback does
+        await asyncio.sleep(0)  # the batch future's callbacks run
+        assert isinstance(sent.exception(), KafkaError)  # the send's caller sees the failure
+        assert batch not in acc._pending_batches
+        acc.reenqueue(batch)  # what an orphaned produce task does when its request times out
+        assert not acc._batches.get(tp)
+        live = MessageBatch(tp, BatchBuilder(16384, 0), 30.0, 0.0)
+        live.drain_ready()
+        acc._pending_batches.add(live)
+        acc.reenqueue(live)  # a live batch is retried as before
+        assert acc._batches[tp][0] is live
+        live.future.set_result(None)
+        acc._batches.clear()
+    finally:
+        await producer.stop()
+    assert not compat.contain_requeue(object())
+
+
 def test_failed_partition_names_the_partition_whose_batch_did_not_decode() -> None:
     for cls, methods, attr in ((PartitionRecords, ("_unpack_records", "__next__"), "_tp"),
                                (FetchResult, ("getall", "getone"), "_topic_partition")):
