@@ -149,6 +149,22 @@ class TransactionStuck(StreamschedError):
     kind = "transaction_stuck"
 
 
+class StoreUnwritable(StreamschedError):
+    """A partition's local claim store could not be written (disk full, read-only, I/O error).
+
+    The partition stops: its owner fails and restarts with backoff, each restart restoring from
+    the state topic (the changelog), which holds every committed claim, so nothing is answered
+    from a store that missed a write. ``reason`` is the storage engine's one-line message."""
+
+    kind = "store_unwritable"
+
+    def __init__(self, topic: str, partition: int, reason: str) -> None:
+        super().__init__(f"claim store of {topic}[{partition}] cannot be written: {reason}")
+        self.topic = topic
+        self.partition = partition
+        self.reason = reason
+
+
 class CommandNotAllowed(StreamschedError):
     """A handler used a command its scheduler role does not declare."""
 
