@@ -1,6 +1,7 @@
 """A claim store whose filesystem refuses writes (disk full, read-only): a typed error that stops
 the partition, a gauge, a checkpoint that never claims what was not written, and a close that
-releases the store anyway. The same on a real full tmpfs, with a worker: tests/faults/test_fault_full_disk.py."""
+releases the store anyway. The same on a real full tmpfs, with a worker:
+tests/faults/test_fault_full_disk.py."""
 
 from __future__ import annotations
 
@@ -46,14 +47,14 @@ class FailingDb:
         self.db, self.message = db, message
 
     def write(self, _wb: Any) -> None:
-        raise Exception(self.message)  # noqa: TRY002 - what rocksdict raises
+        raise Exception(self.message)
 
     def flush(self) -> None:
-        raise Exception(self.message)  # noqa: TRY002
+        raise Exception(self.message)
 
     def close(self) -> None:
         self.db.close()
-        raise Exception("IO error: Writer has previous error.")  # noqa: TRY002 - and still closes
+        raise Exception("IO error: Writer has previous error.")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.db, name)
