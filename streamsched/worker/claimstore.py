@@ -56,14 +56,16 @@ store's own Python share is about 0.15 s (the batch) and RocksDB's flushes about
 its background thread; the rest is aiokafka's per-record parsing, which the raw read pays too.
 
 **A store that cannot be written** (disk full, a read-only or failing filesystem): RocksDB
-refuses the write (and every later one: it stops at its first background error). The write is
-never skipped: :class:`~streamsched.errors.StoreUnwritable` is raised, the gauge
-``store_unwritable{partition}`` goes to 1, and the partition's owner fails, so the partition
-stops taking records (the worker is not ready; ``/status`` shows the error's type and kind). The
-Kafka transaction the store missed is committed and in the changelog, so nothing is lost or
-answered twice: the owner restarts with backoff (:class:`~streamsched.kafka.owner.RestartPolicy`),
-each restart reopening the store and catching up from its checkpoint (or cold, from the
-changelog); the first restore that writes again sets the gauge back to 0.
+refuses the write (and every later one: it stops at its first background error). The store is
+then *broken* (:attr:`StateBase.broken`, a :class:`~streamsched.errors.StoreUnwritable`), the
+gauge ``store_unwritable{partition}`` goes to 1, and it keeps what it could not write in memory
+(reads see it), so the partition stops *cleanly*: it takes no new record, resolves and commits
+what it has in hand (its executions' outcomes reach the changelog: none runs twice), then its
+owner fails with that error (``/status`` shows its type and kind; the worker is not ready). The
+checkpoint on disk never moved past what was written, so nothing is lost: the owner restarts with
+backoff (:class:`~streamsched.kafka.owner.RestartPolicy`), each restart reopening the store and
+catching up from its checkpoint (or cold, from the changelog); a restore that cannot write fails
+the same way, and the first one that writes again sets the gauge back to 0.
 
 Why one module above ~400 lines: the trust rules (header, checkpoint, staged counting) and the
 reads/writes they guard are one invariant; the engine tuning already lives in
@@ -124,7 +126,8 @@ def unwritable(exc: BaseException) -> str | None:
         return exc.reason
     text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
     if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
-        return f"{exc.strerror or type(exc).__name__}" + (f": {exc.filename}" if exc.filename else "")
+        # rocksdict raises a bare OSError("Read-only file system (os error 30)") opening a store.
+        return (exc.strerror or text) + (f": {exc.filename}" if exc.filename else "")
     if type(exc) is Exception and any(marker in text.lower() for marker in _UNWRITABLE):
         return text
     return None
@@ -457,8 +460,8 @@ class ClaimStore(StateBase):
     def _flush(self, db: Any = None, *, checkpoint: bool = False) -> None:
         import rocksdict
 
-        if not self._dirty and not checkpoint:
-            return
+        if (not self._dirty and not checkpoint) or (db is None and self.broken is not None):
+            return  # broken: what is not written stays in memory until the partition stops
         wb = rocksdict.WriteBatch(raw_mode=True)
         for key, raw in self._dirty.items():
             if raw is None:
@@ -472,7 +475,10 @@ class ClaimStore(StateBase):
         except Exception as exc:
             if db is not None or unwritable(exc) is None:
                 raise  # close() reports it; anything else is a bug, never masked
-            raise self.failed(exc) from None
+            # Never raised into the turn: its transaction committed; the partition stops cleanly
+            # (partition.py), answering from memory until then. The checkpoint did not move.
+            self.broken = self.failed(exc)
+            return
         self._dirty.clear()
 
     def _scan_page(self, cursor: Any, cutoff_ns: int) -> tuple[list[str], Any]:

@@ -79,6 +79,7 @@ def test_only_the_filesystem_refusing_writes_counts_as_unwritable() -> None:
     assert unwritable(Exception(ENOSPC)) == ENOSPC
     assert unwritable(Exception("IO error: While open a file for appending: Read-only file system"))
     assert unwritable(OSError(28, "No space left on device", "/s/x")) == "No space left on device: /s/x"
+    assert unwritable(OSError("Read-only file system (os error 30)")) == "Read-only file system (os error 30)"
     assert unwritable(StoreUnwritable("t", 0, "full")) == "full"
     # A bug or a broker problem is never masked as a storage fault.
     for exc in (Exception("Invalid argument: bad key"), ValueError("io error"), KeyError("x"),
@@ -86,27 +87,38 @@ def test_only_the_filesystem_refusing_writes_counts_as_unwritable() -> None:
         assert unwritable(exc) is None, exc
 
 
-async def test_a_refused_write_stops_the_partition_with_a_typed_error_and_a_gauge(env: StoreEnv) -> None:
+async def test_a_refused_write_breaks_the_store_which_answers_from_memory_and_keeps_its_checkpoint(
+        env: StoreEnv) -> None:
     metrics = Metrics("s")
     store = await store_of(env, metrics)
-    assert store.offset == 3
+    assert store.offset == 3 and store.broken is None
     store._db = FailingDb(store._db)
     claim = store.get("sched_new").acquire(owner="w", now_ns=NOW, duration_ns=10, expected_revision=0)
     store.stage()
     store.put(claim)
-    with pytest.raises(StoreUnwritable) as raised:
-        store.commit_staged()  # the Kafka transaction committed; the store could not follow
-    assert raised.value.kind == "store_unwritable" and "No space left" in str(raised.value)
+    # The Kafka transaction committed; the store could not follow. Never raised into the turn
+    # (its executions must still be resolved): the store is broken, and says why.
+    store.commit_staged()
+    assert isinstance(store.broken, StoreUnwritable)
+    assert store.broken.kind == "store_unwritable" and "No space left" in str(store.broken)
     assert metrics.gauges["store_unwritable{partition=0}"] == 1
     assert ("state.t", 0) in env.unwritable
+    # It answers from memory until the partition stops (what it holds is what Kafka committed).
+    store._cache.clear()
+    assert store.get("sched_new") == claim
+    released = claim.release(fence=claim.fence, expected_revision=claim.revision)
+    store.stage()
+    store.put(released)
+    store.commit_staged()
+    assert store.get("sched_new") == released
     store.close()  # never raises for the refused flush, and releases the files and the lock
 
     again = ClaimStore(env, "state.t", 0)
     assert await again.in_thread(again.open_existing)  # the lock was released
-    # The checkpoint never claims the transaction it missed: the changelog's tail is replayed.
+    # The checkpoint never claims the transactions it missed: the changelog's tail is replayed.
     assert again.read_checkpoint() is not None and again.read_checkpoint()[0] == 3  # type: ignore[index]
     assert again.get("sched_new").fence == 0
-    assert again.distrust(IDENT, Bounds(0, 5), int(time.time() * 1000)) is None
+    assert again.distrust(IDENT, Bounds(0, 7), int(time.time() * 1000)) is None
     again.close()
 
 
