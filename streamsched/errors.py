@@ -11,6 +11,10 @@ class StreamschedError(Exception):
     """Root of every error streamsched raises on purpose."""
 
     kind: str = "error"
+    outlasts_give_up: bool = False
+    """A fault of the machine, not of the code or the data (a full disk): a partition owner that
+    fails with it restarts with backoff for as long as it lasts, never given up
+    (:class:`~streamsched.kafka.owner.RestartPolicy`)."""
 
 
 class BrokerError(StreamschedError):
@@ -157,6 +161,7 @@ class StoreUnwritable(StreamschedError):
     from a store that missed a write. ``reason`` is the storage engine's one-line message."""
 
     kind = "store_unwritable"
+    outlasts_give_up = True
 
     def __init__(self, topic: str, partition: int, reason: str) -> None:
         super().__init__(f"claim store of {topic}[{partition}] cannot be written: {reason}")
