@@ -156,9 +156,11 @@ class TransactionStuck(StreamschedError):
 class StoreUnwritable(StreamschedError):
     """A partition's local claim store could not be written (disk full, read-only, I/O error).
 
-    The partition stops: its owner fails and restarts with backoff, each restart restoring from
-    the state topic (the changelog), which holds every committed claim, so nothing is answered
-    from a store that missed a write. ``reason`` is the storage engine's one-line message."""
+    The partition stops cleanly (it resolves and commits what it has in hand), then its owner
+    fails with this error and restarts with backoff for as long as the fault lasts, each restart
+    restoring from the store's checkpoint and the state topic (the changelog), which holds every
+    committed claim: nothing is answered from a store that missed a write. ``reason`` is the
+    storage engine's one-line message (see :mod:`streamsched.worker.claimstore`)."""
 
     kind = "store_unwritable"
     outlasts_give_up = True
