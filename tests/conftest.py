@@ -20,9 +20,22 @@ from streamsched.model.retry import Terminal
 from streamsched.ops.broker import LocalCluster
 from streamsched.testing import running_worker, wait_drained
 from streamsched.worker.app import SchedulerDef
+from tests import components
 
 if TYPE_CHECKING:
     from streamsched.worker.intake import Worker
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{components.MARKER}(name, reason, found): needs an outside "
+                            "component; missing, the test skips (fails under CI=true): tests/components.py")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers(components.MARKER):
+        name, reason = mark.args
+        if not mark.kwargs["found"]:
+            components.require(name, reason)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -253,9 +253,12 @@ class Catalog:
         producer = clients.producer(self.bootstrap)
         await producer.start()
         try:
+            # The topic's own partition count, not the one this client was told: a command that
+            # names a catalog (rm, trigger, ...) must find the partition its ticker reads.
+            n = len(await producer.partitions_for(self.definitions_topic) or ()) or self.partitions
             futures = [await producer.send(self.definitions_topic, value, key=name.encode(),
-                                           partition=partition_for_key(
-                                               (request_name(name) or name).encode(), self.partitions))
+                                           partition=partition_for_key((request_name(name) or name).encode(),
+                                                                       n))
                        for name, value in records]
             await asyncio.gather(*futures)
         finally:

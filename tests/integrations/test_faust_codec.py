@@ -1,6 +1,7 @@
 """The Faust codec and routing, without a broker: the same bytes, key and partition as the Producer.
 
-The module must import without Faust; the codec tests need faust-streaming and skip without it.
+The module must import without Faust; the codec tests need faust-streaming and skip without it
+(fail under ``CI=true``: tests/components.py).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from streamsched.kafka.producer import encode_event
 from streamsched.model.event import TransitionEvent
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition
+from tests.components import needs
 
 HAS_FAUST = importlib.util.find_spec("faust") is not None
-needs_faust = pytest.mark.skipif(not HAS_FAUST, reason="faust-streaming is not installed")
+needs_faust = needs("faust", "faust-streaming is not installed (pip install 'streamsched[faust]')",
+                    found=HAS_FAUST)
 
 
 def _event() -> TransitionEvent:

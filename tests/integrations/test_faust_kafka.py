@@ -35,8 +35,9 @@ from streamsched.testing import ROOT, WorkerProcess, child_pythonpath, wait_drai
 from streamsched.testing.kit import FAST_FAILOVER_ENV
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition
+from tests.components import require_module
 
-pytest.importorskip("faust", reason="faust-streaming is not installed (pip install 'streamsched[faust]')")
+require_module("faust", "faust-streaming is not installed (pip install 'streamsched[faust]')")
 
 PARTITIONS = 4
 JOBS = 12

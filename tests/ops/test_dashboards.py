@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 import yaml
 from prom_text import parse_prometheus
 
@@ -25,6 +23,7 @@ from streamsched.ops.status import StatusServer
 from streamsched.schedules.catalog import Catalog
 from streamsched.schedules.ticker import Ticker, TickerConfig
 from streamsched.testing import make_event, produce_events, running, running_worker, wait_drained, wait_for
+from tests.components import require_program
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "streamsched.json"
@@ -62,10 +61,7 @@ def names(exprs: list[str]) -> set[str]:
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool not found: `make promtool` installs it (Debian package `prometheus`)")
-    return path
+    return require_program("promtool", "`make promtool` installs it (Debian package `prometheus`)")
 
 
 def run_promtool(*args: str | Path) -> str:
