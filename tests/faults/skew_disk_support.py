@@ -3,7 +3,7 @@ test_fault_full_disk.py, test_fault_compaction.py): skewed clocks with libfaketi
 that can be filled or made read-only, a worker's status endpoints, and the clock-free audit of
 executions against the outcomes the state topic stored.
 
-Skipped locally, failed under ``CI=true``, where a tool cannot be had (:func:`require`).
+Skipped locally, failed under ``CI=true``, where a tool cannot be had (``tests/components.py``).
 """
 
 from __future__ import annotations
@@ -24,28 +24,11 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import pytest
-
-from consumers.harness import Workflow, claim_history
+from consumers.harness import Workflow, claim_history, judge_calls, ledger_calls
 from consumers.ledger import Ledger
-from streamsched.model.claims import ClaimState
-
-
-def under_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
-
-
-def require(name: str, reason: str) -> NoReturn:
-    """``name`` is missing: skip (or fail under ``CI=true``: a CI run that skipped a fault
-    scenario would pass while proving less than it says)."""
-    message = f"{name} missing: {reason}"
-    if under_ci():
-        pytest.fail(f"{message} (CI=true: a missing component fails the run instead of skipping)",
-                    pytrace=False)
-    pytest.skip(message)
-
+from tests.components import require
 
 # --- clocks -------------------------------------------------------------------------------------
 
@@ -237,25 +220,9 @@ def refused_calls(wf: Workflow) -> Counter[str]:
     return Counter(key for key, _fence, accepted in Ledger(wf.ledger).calls() if not accepted)
 
 
-def after_outcome(calls: list[tuple[str, int, int]],
-                  history: dict[str, list[ClaimState]]) -> dict[str, list[int]]:
-    """Per identity, the fences of accepted calls made under a claim taken after its outcome was
-    stored: a fence above the stored outcome's. Clock-free (no timestamp is compared), so it
-    holds whatever the workers' clocks say: every claim mints a higher fence than all before it
-    and is committed before its effect."""
-    first: dict[str, int] = {}
-    for identity, states in history.items():
-        for st in states:
-            if st.outcome is not None:
-                first.setdefault(identity, st.outcome.fence)
-    late: dict[str, list[int]] = {}
-    for key, fence, accepted in calls:
-        if accepted and key in first and fence > first[key]:
-            late.setdefault(key, []).append(fence)
-    return late
-
-
 async def reexecuted(bootstrap: str, wf: Workflow) -> dict[str, list[int]]:
-    """:func:`after_outcome` of the workflow's ledger against its state topic."""
-    calls = Ledger(wf.ledger).calls() if wf.ledger.exists() else []
-    return after_outcome(calls, await claim_history(bootstrap, wf))
+    """Per identity, the fences of accepted calls made under a claim taken after its outcome was
+    stored (:func:`consumers.harness.judge_calls` by fence only). Clock-free: no timestamp is
+    compared, so it holds whatever the workers' clocks say (the ledger's call times and the
+    state records' timestamps come from the workers' own, possibly skewed, clocks)."""
+    return judge_calls(ledger_calls(wf.ledger), await claim_history(bootstrap, wf)).after_outcome

@@ -115,3 +115,4 @@ async def test_a_compacted_state_topic_and_every_worker_killed_execute_nothing_a
     assert result.missing == 0 and result.extra_effects == 0, result
     assert result.effects == result.unique, result
     assert result.fences_ok and result.all_released, result
+    assert not result.reexecuted and not result.unbacked and result.retried == 0, result

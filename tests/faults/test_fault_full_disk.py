@@ -188,3 +188,4 @@ async def test_a_full_then_read_only_claim_store_stops_its_partition_and_recover
     assert result.missing == 0 and result.extra_effects == 0, result
     assert result.effects == result.unique == 60 + 40 + 40, result
     assert result.fences_ok and result.all_released, result
+    assert not result.reexecuted and not result.unbacked and result.retried == 0, result
