@@ -28,6 +28,7 @@ from typing import Any
 
 from consumers.harness import Workflow, claim_history, judge_calls, ledger_calls
 from consumers.ledger import Ledger
+from streamsched.kafka import clients
 from tests.components import require
 
 # --- clocks -------------------------------------------------------------------------------------
@@ -201,6 +202,21 @@ def metric_lines(body: str, name: str) -> list[str]:
     prefix = f"streamsched_{name}"
     return [line for line in body.splitlines()
             if line.startswith(prefix) and line[len(prefix)] in "{ "]
+
+
+async def group_members(bootstrap: str, group: str) -> int:
+    """Members of consumer group ``group`` right now (0: none, or no such group)."""
+    from aiokafka.errors import KafkaError
+
+    admin = clients.admin(bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_consumer_groups([group])
+    except KafkaError:
+        return 0  # no coordinator for it yet: nobody joined
+    finally:
+        await admin.close()
+    return sum(len(groups[0][5]) for resp in described if (groups := getattr(resp, "groups", [])))
 
 
 # --- executions ---------------------------------------------------------------------------------

@@ -49,7 +49,16 @@ from pathlib import Path
 
 import pytest
 
-from consumers.harness import CRASH_ENV, audit, claim_history, produce, seeded_workflow
+from consumers.harness import (
+    CRASH_ENV,
+    Workflow,
+    audit,
+    build_events,
+    claim_history,
+    create_topics,
+    produce,
+    seeded_workflow,
+)
 from consumers.ledger import Ledger
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import read_topic
@@ -57,7 +66,14 @@ from streamsched.model.claims import ClaimState, ClaimStatus
 from streamsched.schedules.catalog import Catalog
 from streamsched.testing import WorkerProcess, kit, make_event, wait_drained, wait_for
 from streamsched.wire.transition import decode_transition
-from tests.faults.skew_disk_support import accepted_calls, check_skew, reexecuted, refused_calls, skewed_env
+from tests.faults.skew_disk_support import (
+    accepted_calls,
+    check_skew,
+    group_members,
+    reexecuted,
+    refused_calls,
+    skewed_env,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.kafka]
 
@@ -92,8 +108,9 @@ def _faketime_works() -> None:
 
 
 async def test_workers_five_minutes_apart_execute_each_identity_once(bootstrap: str, tmp_path: Path) -> None:
-    wf, events = await seeded_workflow(bootstrap, "due_runs", "skew", tmp_path, partitions=4,
-                                       unique=200, duplicates=80, noise=4)
+    wf = Workflow("due_runs", f".skew-{uuid.uuid4().hex[:8]}", tmp_path / "ledger.sqlite3")
+    await create_topics(bootstrap, wf, partitions=4)
+    events = build_events(wf, unique=200, duplicates=80, noise=4)
     env = {**CRASH_ENV, **wf.env}
 
     def worker(name: str, offset: int | None, **extra: str) -> WorkerProcess:
@@ -101,10 +118,16 @@ async def test_workers_five_minutes_apart_execute_each_identity_once(bootstrap: 
         return WorkerProcess(wf.app_ref, bootstrap, log_path=tmp_path / f"{name}.log",
                              env={**env, **clock, "STREAMSCHED_STORE_DIR": str(tmp_path / name), **extra})
 
+    async def members_are(n: int) -> bool:
+        return await group_members(bootstrap, wf.group) == n
+
     fast = worker("fast", AHEAD).start()
     slow = worker("slow", BEHIND, STREAMSCHED_FAILPOINT="after_effect:40").start()
     normal: WorkerProcess | None = None
     try:
+        # The load arrives once both are members, so both take a share of it.
+        await wait_for(lambda: members_are(2), timeout=60, what="both workers in the group")
+        await produce(bootstrap, wf, events)
         # The slow worker dies mid-run (SIGKILL right after an effect, before its outcome); the
         # fast one takes its partitions over.
         assert await slow.wait_exit(timeout=90) == -signal.SIGKILL, slow.log_tail()
@@ -124,9 +147,8 @@ async def test_workers_five_minutes_apart_execute_each_identity_once(bootstrap: 
         await wait_drained(bootstrap, wf.group, wf.topic, timeout=120)
         assert accepted_calls(wf) == before, "a replayed identity executed again"
     finally:
-        for w in (fast, normal):
-            if w is not None and w.alive():
-                assert w.terminate() == 0, w.log_tail()
+        codes = {w.log_path: w.terminate() for w in (fast, normal) if w is not None and w.alive()}
+    assert set(codes.values()) <= {0}, codes
 
     # By fence only: the audit's check by time compares the ledger's call times with the state
     # records' timestamps, both from the workers' own (here skewed) clocks.
