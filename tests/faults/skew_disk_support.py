@@ -204,8 +204,9 @@ def metric_lines(body: str, name: str) -> list[str]:
             if line.startswith(prefix) and line[len(prefix)] in "{ "]
 
 
-async def group_members(bootstrap: str, group: str) -> int:
-    """Members of consumer group ``group`` right now (0: none, or no such group)."""
+async def group_members(bootstrap: str, group: str) -> list[str]:
+    """The client ids of consumer group ``group``'s members right now (a worker's is its owner
+    id, ``<host>-<pid>-<hex>``); empty: none, or no such group."""
     from aiokafka.errors import KafkaError
 
     admin = clients.admin(bootstrap)
@@ -213,10 +214,18 @@ async def group_members(bootstrap: str, group: str) -> int:
     try:
         described = await admin.describe_consumer_groups([group])
     except KafkaError:
-        return 0  # no coordinator for it yet: nobody joined
+        return []  # no coordinator for it yet: nobody joined
     finally:
         await admin.close()
-    return sum(len(groups[0][5]) for resp in described if (groups := getattr(resp, "groups", [])))
+    # describe_groups v0..: (error, group, state, protocol type, protocol, members); a member is
+    # (member id, client id, client host, metadata, assignment).
+    return [str(m[1]) for resp in described for g in getattr(resp, "groups", [])[:1] for m in g[5]]
+
+
+async def members_are(bootstrap: str, group: str, *workers: Any) -> bool:
+    """Exactly ``workers`` (WorkerProcess) are the group's members (dead ones have left)."""
+    ids = await group_members(bootstrap, group)
+    return len(ids) == len(workers) and all(any(f"-{w.pid}-" in i for i in ids) for w in workers)
 
 
 # --- executions ---------------------------------------------------------------------------------

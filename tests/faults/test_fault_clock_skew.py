@@ -69,7 +69,7 @@ from streamsched.wire.transition import decode_transition
 from tests.faults.skew_disk_support import (
     accepted_calls,
     check_skew,
-    group_members,
+    members_are,
     reexecuted,
     refused_calls,
     skewed_env,
@@ -118,15 +118,13 @@ async def test_workers_five_minutes_apart_execute_each_identity_once(bootstrap: 
         return WorkerProcess(wf.app_ref, bootstrap, log_path=tmp_path / f"{name}.log",
                              env={**env, **clock, "STREAMSCHED_STORE_DIR": str(tmp_path / name), **extra})
 
-    async def members_are(n: int) -> bool:
-        return await group_members(bootstrap, wf.group) == n
-
     fast = worker("fast", AHEAD).start()
     slow = worker("slow", BEHIND, STREAMSCHED_FAILPOINT="after_effect:40").start()
     normal: WorkerProcess | None = None
     try:
         # The load arrives once both are members, so both take a share of it.
-        await wait_for(lambda: members_are(2), timeout=60, what="both workers in the group")
+        await wait_for(lambda: members_are(bootstrap, wf.group, fast, slow), timeout=60,
+                       what="both workers in the group")
         await produce(bootstrap, wf, events)
         # The slow worker dies mid-run (SIGKILL right after an effect, before its outcome); the
         # fast one takes its partitions over.

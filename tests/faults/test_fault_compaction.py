@@ -30,7 +30,7 @@ from consumers.harness import CRASH_ENV, Workflow, audit, build_events, create_t
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import read_topic
 from streamsched.testing import WorkerProcess, make_event, wait_drained, wait_for
-from tests.faults.skew_disk_support import accepted_calls, reexecuted
+from tests.faults.skew_disk_support import accepted_calls, members_are, reexecuted
 
 pytestmark = [pytest.mark.faults, pytest.mark.kafka]
 
@@ -95,6 +95,9 @@ async def test_a_compacted_state_topic_and_every_worker_killed_execute_nothing_a
     # One back on its own store (warm), one on an empty directory (cold, from the compacted log).
     second = [worker("a2", "a").start(), worker("b2", "fresh").start()]
     try:
+        # Both own a partition (each restored it) before the replay arrives.
+        await wait_for(lambda: members_are(bootstrap, wf.group, *second), timeout=60,
+                       what="both restarted workers in the group, the killed ones gone")
         replay = [make_event(ev.type, ev.tenant, ev.target, due_ns=ev.due_ns) for ev in events]
         await produce(bootstrap, wf, replay)
         await wait_drained(bootstrap, wf.group, wf.topic, timeout=90)
