@@ -141,7 +141,7 @@ async def test_a_full_then_read_only_claim_store_stops_its_partition_and_recover
                                          log_path=tmp_path / "worker-1.log").start())
             await wait_drained(bootstrap, wf.group, wf.topic, timeout=90)
             on_tmpfs = sorted(p.name for p in disk.path.iterdir())
-            assert on_tmpfs == ["0", "1"], f"the stores are not on the tmpfs: {on_tmpfs}"
+            assert {"0", "1"} <= set(on_tmpfs), (on_tmpfs, workers[0].log_tail(40))
 
             # 1. Full, under the running worker.
             before = dict(accepted_calls(wf))
