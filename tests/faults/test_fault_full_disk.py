@@ -74,15 +74,18 @@ async def keep_full(disk: Tmpfs) -> None:
 
 
 async def stopped_by_the_store(port: int, reason: str) -> dict[str, object]:
-    """Wait until ``/status`` reports a store that cannot be written; the status document."""
+    """Wait until ``/status`` reports a store that cannot be written (the gauge, set when the
+    store breaks) and a partition stopped by it (the latest error, once it drained and its
+    owner failed); the status document."""
     seen: dict[str, object] = {}
 
     async def reported() -> bool:
         nonlocal seen
         seen = await status(port)
-        gauges = seen.get("gauges") or {}
-        assert isinstance(gauges, dict)
-        return any(k.startswith("store_unwritable{") and v == 1 for k, v in gauges.items())
+        gauges, error = seen.get("gauges") or {}, seen.get("last_error") or {}
+        assert isinstance(gauges, dict) and isinstance(error, dict)
+        return (any(k.startswith("store_unwritable{") and v == 1 for k, v in gauges.items())
+                and error.get("type") == "StoreUnwritable")
 
     await wait_for(reported, timeout=60, what=f"a store_unwritable partition ({reason})")
     return seen
