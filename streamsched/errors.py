@@ -11,6 +11,10 @@ class StreamschedError(Exception):
     """Root of every error streamsched raises on purpose."""
 
     kind: str = "error"
+    outlasts_give_up: bool = False
+    """A fault of the machine, not of the code or the data (a full disk): a partition owner that
+    fails with it restarts with backoff for as long as it lasts, never given up
+    (:class:`~streamsched.kafka.owner.RestartPolicy`)."""
 
 
 class BrokerError(StreamschedError):
@@ -147,6 +151,25 @@ class TransactionStuck(StreamschedError):
     with a fresh producer."""
 
     kind = "transaction_stuck"
+
+
+class StoreUnwritable(StreamschedError):
+    """A partition's local claim store could not be written (disk full, read-only, I/O error).
+
+    The partition stops cleanly (it resolves and commits what it has in hand), then its owner
+    fails with this error and restarts with backoff for as long as the fault lasts, each restart
+    restoring from the store's checkpoint and the state topic (the changelog), which holds every
+    committed claim: nothing is answered from a store that missed a write. ``reason`` is the
+    storage engine's one-line message (see :mod:`streamsched.worker.claimstore`)."""
+
+    kind = "store_unwritable"
+    outlasts_give_up = True
+
+    def __init__(self, topic: str, partition: int, reason: str) -> None:
+        super().__init__(f"claim store of {topic}[{partition}] cannot be written: {reason}")
+        self.topic = topic
+        self.partition = partition
+        self.reason = reason
 
 
 class CommandNotAllowed(StreamschedError):

@@ -166,6 +166,8 @@ _TABLE: Final[tuple[tuple[str, MetricType, tuple[str, ...], str], ...]] = (
     ("partitions", "gauge", (), "partitions owned"),
     ("producers_live", "gauge", (), "transactional producers open"),
     ("partition_given_up", "gauge", _P, "1 while a partition's owner has given up restarting, by partition"),
+    ("store_unwritable", "gauge", _P,
+     "1 while a partition's local claim store cannot be written (disk full, read-only); 0 once restored"),
     ("state_corrupt_records", "counter", _P, "state records that could not be decoded"),
     ("restored_identities", "counter", (), "claim states restored at partition start"),
     ("restores", "counter", _K, "partition restores started, by kind of state"),

@@ -161,7 +161,9 @@ class RestartPolicy:
     give_up_after: int = 20
     """Consecutive failures after which the partition is given up (left paused, not ready).
     With the defaults that is about 7.5 minutes of failing restarts: a broker outage of a few
-    minutes (every restart fails while it lasts) must not give a partition up for good."""
+    minutes (every restart fails while it lasts) must not give a partition up for good. A
+    failure whose error ``outlasts_give_up`` (a claim store that cannot be written: the disk
+    is full) never gives up: the partition restarts every ``max_s`` until the fault is gone."""
     healthy_s: float = 60.0
     """An owner that was ready this long before failing starts the failure count afresh."""
 
@@ -414,7 +416,8 @@ class Owners(Generic[T]):
                 policy = self.spec.policy
                 stable = owner.ready_at is not None and time.monotonic() - owner.ready_at >= policy.healthy_s
                 failures = self._failures[p] = (0 if stable else self._failures.get(p, 0)) + 1
-                if failures >= policy.give_up_after:
+                lasting = isinstance(owner.failed, StreamschedError) and owner.failed.outlasts_give_up
+                if failures >= policy.give_up_after and not lasting:
                     self._given_up.add(p)
                     self.metrics.set_gauge("partition_given_up", 1, partition=str(p))
                     log.error("gave up %s[%d] after %d consecutive failures; it stays paused until "

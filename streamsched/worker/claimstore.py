@@ -55,6 +55,18 @@ collections (pages of 4096 records promoted through every generation), now 0.06-
 store's own Python share is about 0.15 s (the batch) and RocksDB's flushes about 0.8 CPU-s on
 its background thread; the rest is aiokafka's per-record parsing, which the raw read pays too.
 
+**A store that cannot be written** (disk full, a read-only or failing filesystem): RocksDB
+refuses the write (and every later one: it stops at its first background error). The store is
+then *broken* (:attr:`StateBase.broken`, a :class:`~streamsched.errors.StoreUnwritable`), the
+gauge ``store_unwritable{partition}`` goes to 1, and it keeps what it could not write in memory
+(reads see it), so the partition stops *cleanly*: it takes no new record, resolves and commits
+what it has in hand (its executions' outcomes reach the changelog: none runs twice), then its
+owner fails with that error (``/status`` shows its type and kind; the worker is not ready). The
+checkpoint on disk never moved past what was written, so nothing is lost: the owner restarts with
+backoff (:class:`~streamsched.kafka.owner.RestartPolicy`), each restart reopening the store and
+catching up from its checkpoint (or cold, from the changelog); a restore that cannot write fails
+the same way, and the first one that writes again sets the gauge back to 0.
+
 Why one module above ~400 lines: the trust rules (header, checkpoint, staged counting) and the
 reads/writes they guard are one invariant; the engine tuning already lives in
 :mod:`streamsched.worker.rocksenv` and the restore stream in :mod:`streamsched.kafka.changelog`.
@@ -74,7 +86,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from streamsched.errors import DecodeError
+from streamsched.errors import DecodeError, StoreUnwritable
 from streamsched.kafka import clients
 from streamsched.kafka.changelog import Bounds, PartitionReader, TopicIdentity
 from streamsched.kafka.progress import Progress
@@ -103,15 +115,32 @@ WRITE_RECORDS = 4096
 """Records gathered from the reader's pages into one write (and one checkpoint) of a restore."""
 ENTRY_OVERHEAD = 480
 """Bytes a cached snapshot costs beyond its wire size (objects, strings, the LRU's entry)."""
+_UNWRITABLE = ("io error", "no space left", "read-only", "read only file system", "disk quota")
+"""What RocksDB's messages (it raises a bare Exception) say when the filesystem refuses a write."""
+
+
+def unwritable(exc: BaseException) -> str | None:
+    """The one-line reason when ``exc`` is the filesystem refusing the store's writes (RocksDB's
+    I/O error or an OSError), else None (a bug, not a storage fault: never masked as one)."""
+    if isinstance(exc, StoreUnwritable):
+        return exc.reason
+    text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
+        # rocksdict raises a bare OSError("Read-only file system (os error 30)") opening a store.
+        return (exc.strerror or text) + (f": {exc.filename}" if exc.filename else "")
+    if type(exc) is Exception and any(marker in text.lower() for marker in _UNWRITABLE):
+        return text
+    return None
 
 
 class ClaimStore(StateBase):
     """One partition's claim snapshots in RocksDB, a bounded cache in front (see module docs)."""
 
     def __init__(self, env: StoreEnv, topic: str, partition: int, *,
-                 horizon_s: float = HORIZON_DEFAULT_S) -> None:
+                 horizon_s: float = HORIZON_DEFAULT_S, metrics: Metrics | None = None) -> None:
         super().__init__(partition, horizon_s=horizon_s)
         self.env = env
+        self.metrics = metrics
         self.topic = topic
         self.path = env.path(topic, partition)
         self.ephemeral = False
@@ -239,15 +268,39 @@ class ClaimStore(StateBase):
                       type(exc).__name__)
         if self._db is None:
             return
+        db, self._db = self._db, None
         try:
-            self._flush()
-            self._db.flush()  # a shorter WAL replay at the next open
+            self._flush(db)
+            db.flush()  # a shorter WAL replay at the next open
+        except Exception as exc:
+            if unwritable(exc) is None:
+                raise
+            # Whatever was not written is in the changelog: the next open catches up past it.
+            log.warning("claim store of %s[%d]: not flushed at close (%s)", self.topic, self.partition,
+                        unwritable(exc))
         finally:
-            self._db.close()
-            self._db = None
+            self._dirty.clear()
+            try:
+                db.close()  # releases the files and the lock even when it reports the last error
+            except Exception as exc:
+                if unwritable(exc) is None:
+                    raise
             self.env.in_use.discard(self.path)
             if self.ephemeral:
                 shutil.rmtree(self.path, ignore_errors=True)
+
+    def failed(self, exc: BaseException) -> StoreUnwritable:
+        """``exc`` (the filesystem refusing a write, see :func:`unwritable`) as the typed error
+        that stops the partition; the gauge ``store_unwritable`` goes to 1."""
+        if isinstance(exc, StoreUnwritable):
+            return exc
+        reason = unwritable(exc) or type(exc).__name__
+        log.error("claim store of %s[%d] cannot be written (%s): the partition stops and restores "
+                  "from the changelog once it can", self.topic, self.partition, reason)
+        if self.metrics is not None:
+            self.metrics.set_gauge("store_unwritable", 1, partition=str(self.partition))
+        self.env.unwritable.add((self.topic, self.partition))
+        return StoreUnwritable(self.topic, self.partition, reason)
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the env's writer thread (opening a store takes tens of milliseconds);
@@ -404,11 +457,11 @@ class ClaimStore(StateBase):
         elif self._dirty:
             self._flush()
 
-    def _flush(self, *, checkpoint: bool = False) -> None:
+    def _flush(self, db: Any = None, *, checkpoint: bool = False) -> None:
         import rocksdict
 
-        if not self._dirty and not checkpoint:
-            return
+        if (not self._dirty and not checkpoint) or (db is None and self.broken is not None):
+            return  # broken: what is not written stays in memory until the partition stops
         wb = rocksdict.WriteBatch(raw_mode=True)
         for key, raw in self._dirty.items():
             if raw is None:
@@ -417,7 +470,15 @@ class ClaimStore(StateBase):
                 wb.put(key, raw)
         if checkpoint:
             wb.put(CHECKPOINT_KEY, _CHECKPOINT.pack(self.offset, self.checkpoint_at_ms))
-        self._db.write(wb)
+        try:
+            (db if db is not None else self._db).write(wb)
+        except Exception as exc:
+            if db is not None or unwritable(exc) is None:
+                raise  # close() reports it; anything else is a bug, never masked
+            # Never raised into the turn: its transaction committed; the partition stops cleanly
+            # (partition.py), answering from memory until then. The checkpoint did not move.
+            self.broken = self.failed(exc)
+            return
         self._dirty.clear()
 
     def _scan_page(self, cursor: Any, cutoff_ns: int) -> tuple[list[str], Any]:
@@ -451,7 +512,7 @@ async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: i
     """The store of ``topic[partition]`` caught up to the partition's end (read_committed): warm
     from its checkpoint if it is trusted, else wiped and restored cold (module docs)."""
     ident = await env.identity(conn, topic)
-    store = ClaimStore(env, topic, partition, horizon_s=horizon_s)
+    store = ClaimStore(env, topic, partition, horizon_s=horizon_s, metrics=metrics)
     try:
         async with PartitionReader(conn, topic, partition, stall_s=stall_s) as reader:
             bounds = await reader.bounds()
@@ -470,7 +531,17 @@ async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: i
             progress = Progress(metrics, topic, partition, start, bounds.end, kind)
             await store.catch_up(reader, start, bounds.end, progress)
             progress.done()
-        return store
+    except Exception as exc:
+        store.close()
+        if unwritable(exc) is None:
+            raise
+        raise store.failed(exc) from None
     except BaseException:
         store.close()
         raise
+    if (topic, partition) in env.unwritable:
+        env.unwritable.discard((topic, partition))
+        if metrics is not None:
+            metrics.set_gauge("store_unwritable", 0, partition=str(partition))
+        log.info("claim store of %s[%d] is written again", topic, partition)
+    return store

@@ -56,11 +56,15 @@ class PartitionRunner:
             except BaseException:
                 self.turns.abandon()  # no execution outlives its owner (a failure, a hard stop)
                 raise
+            if self.turns.state.broken is not None:
+                # Its store stopped persisting: everything in hand is resolved and committed
+                # (the changelog has it); now the owner fails and restarts with backoff.
+                raise self.turns.state.broken
 
     async def _turns(self) -> None:
         s, turns = self.scheduler, self.turns
         held_since = time.monotonic()
-        while not self.owner.stopping:
+        while not self.owner.stopping and turns.state.broken is None:
             room = turns.room()
             if self.queue and room > 0:
                 n = min(len(self.queue), room)

@@ -58,6 +58,8 @@ class StoreEnv:
         self._asking: dict[str, asyncio.Future[TopicIdentity]] = {}
         self.in_use: set[Path] = set()
         """Store directories this process has open (RocksDB's lock does not tell its own)."""
+        self.unwritable: set[tuple[str, int]] = set()
+        """Stores whose last write failed (gauge ``store_unwritable`` at 1) until one restores."""
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="claimstore")
 
     def options(self, *, bulk: bool = False) -> Any:

@@ -32,7 +32,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
-from streamsched.errors import ConfigError
+from streamsched.errors import ConfigError, StreamschedError
 from streamsched.model.claims import ClaimState, ClaimStatus
 from streamsched.wire.claim import encode_claim
 
@@ -94,6 +94,10 @@ class StateBase(ABC):
         self.corrupt = 0
         self.corrupt_exported = 0
         """How many of ``corrupt`` :func:`~streamsched.worker.store.export_corrupt` has already reported."""
+        self.broken: StreamschedError | None = None
+        """Set when the store can no longer persist what it is given (a disk store whose
+        filesystem refuses writes): it still answers from memory, and the partition stops
+        cleanly (resolves what it has in hand), then fails with this error (partition.py)."""
         self._staged = 0
         self._staged_at = 0.0
         self._dropping: tuple[list[str], int] | None = None
