@@ -55,17 +55,8 @@ collections (pages of 4096 records promoted through every generation), now 0.06-
 store's own Python share is about 0.15 s (the batch) and RocksDB's flushes about 0.8 CPU-s on
 its background thread; the rest is aiokafka's per-record parsing, which the raw read pays too.
 
-**A store that cannot be written** (disk full, a read-only or failing filesystem): RocksDB
-refuses the write (and every later one: it stops at its first background error). The store is
-then *broken* (:attr:`StateBase.broken`, a :class:`~streamsched.errors.StoreUnwritable`), the
-gauge ``store_unwritable{partition}`` goes to 1, and it keeps what it could not write in memory
-(reads see it), so the partition stops *cleanly*: it takes no new record, resolves and commits
-what it has in hand (its executions' outcomes reach the changelog: none runs twice), then its
-owner fails with that error (``/status`` shows its type and kind; the worker is not ready). The
-checkpoint on disk never moved past what was written, so nothing is lost: the owner restarts with
-backoff (:class:`~streamsched.kafka.owner.RestartPolicy`), each restart reopening the store and
-catching up from its checkpoint (or cold, from the changelog); a restore that cannot write fails
-the same way, and the first one that writes again sets the gauge back to 0.
+**A store that cannot be written** (disk full, a read-only or failing filesystem) is *broken*
+and stops its partition cleanly: :mod:`streamsched.worker.storefaults`.
 
 Why one module above ~400 lines: the trust rules (header, checkpoint, staged counting) and the
 reads/writes they guard are one invariant; the engine tuning already lives in
@@ -87,7 +78,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from streamsched.errors import DecodeError, StoreUnwritable
-from streamsched.kafka import clients
 from streamsched.kafka.changelog import Bounds, PartitionReader, TopicIdentity
 from streamsched.kafka.progress import Progress
 from streamsched.metrics import Metrics
@@ -95,6 +85,7 @@ from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import CLAIM_PREFIX, decode_claim, encode_claim, resolved_at
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.statebase import FLOOR_IDENTITY, FLOOR_KEY, HORIZON_DEFAULT_S, StateBase
+from streamsched.worker.storefaults import unwritable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,24 +106,6 @@ WRITE_RECORDS = 4096
 """Records gathered from the reader's pages into one write (and one checkpoint) of a restore."""
 ENTRY_OVERHEAD = 480
 """Bytes a cached snapshot costs beyond its wire size (objects, strings, the LRU's entry)."""
-_UNWRITABLE = ("io error", "no space left", "read-only", "read only file system", "disk quota")
-"""What RocksDB's messages (it raises a bare Exception) say when the filesystem refuses a write."""
-
-
-def unwritable(exc: BaseException) -> str | None:
-    """The one-line reason when ``exc`` is the filesystem refusing the store's writes (RocksDB's
-    I/O error or an OSError), else None (a bug, not a storage fault: never masked as one)."""
-    if isinstance(exc, StoreUnwritable):
-        return exc.reason
-    text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
-        # rocksdict raises a bare OSError("Read-only file system (os error 30)") opening a store.
-        return (exc.strerror or text) + (f": {exc.filename}" if exc.filename else "")
-    if type(exc) is Exception and any(marker in text.lower() for marker in _UNWRITABLE):
-        return text
-    return None
-
-
 class ClaimStore(StateBase):
     """One partition's claim snapshots in RocksDB, a bounded cache in front (see module docs)."""
 
@@ -504,44 +477,3 @@ class ClaimStore(StateBase):
 
     def identities(self) -> int:
         return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
-
-
-async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: int, *,
-                     horizon_s: float = HORIZON_DEFAULT_S, metrics: Metrics | None = None,
-                     stall_s: float = 60.0) -> ClaimStore:
-    """The store of ``topic[partition]`` caught up to the partition's end (read_committed): warm
-    from its checkpoint if it is trusted, else wiped and restored cold (module docs)."""
-    ident = await env.identity(conn, topic)
-    store = ClaimStore(env, topic, partition, horizon_s=horizon_s, metrics=metrics)
-    try:
-        async with PartitionReader(conn, topic, partition, stall_s=stall_s) as reader:
-            bounds = await reader.bounds()
-            reason: str | None = "no local store"
-            if await store.in_thread(store.open_existing):
-                reason = store.distrust(ident, bounds, int(time.time() * 1000))
-            checkpoint = store.read_checkpoint() if reason is None else None
-            if reason is None and checkpoint is not None:
-                kind, start = "warm", checkpoint[0]
-            else:
-                # A store that exists but is not trusted costs a full restore: worth a warning.
-                log.log(logging.INFO if reason == "no local store" else logging.WARNING,
-                        "claim store of %s[%d]: %s; restoring cold", topic, partition, reason)
-                await store.in_thread(store.wipe, ident)
-                kind, start = "cold", bounds.begin
-            progress = Progress(metrics, topic, partition, start, bounds.end, kind)
-            await store.catch_up(reader, start, bounds.end, progress)
-            progress.done()
-    except Exception as exc:
-        store.close()
-        if unwritable(exc) is None:
-            raise
-        raise store.failed(exc) from None
-    except BaseException:
-        store.close()
-        raise
-    if (topic, partition) in env.unwritable:
-        env.unwritable.discard((topic, partition))
-        if metrics is not None:
-            metrics.set_gauge("store_unwritable", 0, partition=str(partition))
-        log.info("claim store of %s[%d] is written again", topic, partition)
-    return store

@@ -22,15 +22,18 @@ one warning line (the count only, never the bytes).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from streamsched.errors import DecodeError
 from streamsched.kafka import clients
+from streamsched.kafka.changelog import PartitionReader
 from streamsched.kafka.progress import Progress
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import decode_claim, encode_claim
-from streamsched.worker.claimstore import open_store
+from streamsched.worker.claimstore import ClaimStore
+from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.statebase import (
     CANDIDATES_MAX,
     FLOOR_IDENTITY,
@@ -38,6 +41,7 @@ from streamsched.worker.statebase import (
     StateBase,
     expiry,
 )
+from streamsched.worker.storefaults import unwritable
 
 log = logging.getLogger(__name__)
 
@@ -165,3 +169,44 @@ async def open_state(conn: clients.Conn, topic: str, partition: int, *, env: Any
         return await restore(conn, topic, partition, horizon_s=horizon_s, metrics=metrics, timeout_s=stall_s)
     return await open_store(env, conn, topic, partition, horizon_s=horizon_s, metrics=metrics,
                             stall_s=stall_s)
+
+
+async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: int, *,
+                     horizon_s: float = HORIZON_DEFAULT_S, metrics: Metrics | None = None,
+                     stall_s: float = 60.0) -> ClaimStore:
+    """The store of ``topic[partition]`` caught up to the partition's end (read_committed): warm
+    from its checkpoint if it is trusted, else wiped and restored cold (module docs)."""
+    ident = await env.identity(conn, topic)
+    store = ClaimStore(env, topic, partition, horizon_s=horizon_s, metrics=metrics)
+    try:
+        async with PartitionReader(conn, topic, partition, stall_s=stall_s) as reader:
+            bounds = await reader.bounds()
+            reason: str | None = "no local store"
+            if await store.in_thread(store.open_existing):
+                reason = store.distrust(ident, bounds, int(time.time() * 1000))
+            checkpoint = store.read_checkpoint() if reason is None else None
+            if reason is None and checkpoint is not None:
+                kind, start = "warm", checkpoint[0]
+            else:
+                # A store that exists but is not trusted costs a full restore: worth a warning.
+                log.log(logging.INFO if reason == "no local store" else logging.WARNING,
+                        "claim store of %s[%d]: %s; restoring cold", topic, partition, reason)
+                await store.in_thread(store.wipe, ident)
+                kind, start = "cold", bounds.begin
+            progress = Progress(metrics, topic, partition, start, bounds.end, kind)
+            await store.catch_up(reader, start, bounds.end, progress)
+            progress.done()
+    except Exception as exc:
+        store.close()
+        if unwritable(exc) is None:
+            raise
+        raise store.failed(exc) from None
+    except BaseException:
+        store.close()
+        raise
+    if (topic, partition) in env.unwritable:
+        env.unwritable.discard((topic, partition))
+        if metrics is not None:
+            metrics.set_gauge("store_unwritable", 0, partition=str(partition))
+        log.info("claim store of %s[%d] is written again", topic, partition)
+    return store

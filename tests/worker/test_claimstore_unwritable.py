@@ -18,8 +18,9 @@ from streamsched.kafka.progress import Progress
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import encode_claim
-from streamsched.worker.claimstore import ClaimStore, unwritable
+from streamsched.worker.claimstore import ClaimStore
 from streamsched.worker.rocksenv import StoreEnv
+from streamsched.worker.storefaults import unwritable
 
 NOW = 1_800_000_000 * 10**9
 IDENT = TopicIdentity("cluster-a", "11111111-2222-3333-4444-555555555555", 86_400_000)

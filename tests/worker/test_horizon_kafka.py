@@ -24,9 +24,9 @@ from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
 from streamsched.wire.claim import decode_claim, encode_claim
-from streamsched.worker.claimstore import open_store
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.statebase import FLOOR_IDENTITY
+from streamsched.worker.store import open_store
 
 pytestmark = pytest.mark.kafka
 DAY_NS = 86_400 * 10**9
