@@ -199,6 +199,30 @@ class WorkerProcess:
             assert self.proc is not None
             self.proc.send_signal(sig)
 
+    def catches(self, sig: int) -> bool:
+        """Whether the child has installed its own handler for ``sig`` (Linux ``/proc``): before
+        that, a SIGTERM kills it outright, as it would any process still starting its interpreter.
+        """
+        if not self.alive():
+            return False
+        assert self.proc is not None
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return False
+        caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+        return bool(int(caught, 16) >> (sig - 1) & 1)
+
+    async def signal_when_caught(self, sig: int, timeout: float = 60.0) -> None:
+        """Send ``sig`` once the child handles it (see :meth:`catches`): a stop request, not a
+        race with the interpreter's start-up."""
+        async def caught() -> bool:
+            return self.catches(sig) or not self.alive()
+
+        await wait_for(caught, timeout=timeout, interval=0.05,
+                       what=f"worker {self.pid} to handle signal {sig}")
+        self.signal(sig)
+
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
         self.wait(30)

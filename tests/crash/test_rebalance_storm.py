@@ -144,14 +144,14 @@ async def test_members_join_and_leave_every_two_seconds(bootstrap: str, tmp_path
                 leaving.kill()  # a crash: its partitions move after the session timeout
                 kills += 1
             else:
-                leaving.signal(signal.SIGTERM)  # drains, commits, leaves at once
+                await leaving.signal_when_caught(signal.SIGTERM)  # drains, commits, leaves at once
                 graceful.append(leaving)
                 leaves += 1
         await feeder
         assert joins >= 10 and leaves + kills >= 8, (joins, leaves, kills, replay)
         assert kills >= 1, f"the storm killed no member; it proved less than it says ({replay})"
         for w in churn:
-            w.signal(signal.SIGTERM)
+            await w.signal_when_caught(signal.SIGTERM)
             graceful.append(w)
         try:
             await wait_drained(bootstrap, wf.group, wf.topic, timeout=120)
@@ -159,7 +159,7 @@ async def test_members_join_and_leave_every_two_seconds(bootstrap: str, tmp_path
             topics = (wf.topic, internal_topic("delay", wf.name))
             lags = [await group_lag(bootstrap, wf.group, t) for t in topics]
             raise AssertionError(f"not drained: {lags} ({replay})") from None
-        anchor.signal(signal.SIGTERM)
+        await anchor.signal_when_caught(signal.SIGTERM)
         graceful.append(anchor)
         for w in graceful:
             assert await w.wait_exit(timeout=60) == 0, f"member {w.pid} did not stop cleanly"
