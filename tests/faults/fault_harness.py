@@ -1,0 +1,390 @@
+"""The fault matrix's harness: a fresh three-node cluster per scenario, workers as real processes,
+a steady load of a reference workflow, network cuts made with namespaces and nftables, and a
+black-box audit (Kafka read_committed and the SQLite ledger, never worker memory).
+
+Topology of a network scenario (:class:`Net`): one Linux bridge on the host (``10.231.K.1/24``,
+K drawn per run) and, per node (each broker, each worker), a network namespace joined to the
+bridge by a veth pair, the node on ``10.231.K.(10+i)``. The test process stays on the host and
+reaches every node through the bridge. A cut is an nftables table *inside* one node's
+namespace that drops every packet to and from the peers it is cut from (no RST: connections
+hang, as behind a real partition); healing deletes that table. Deleting the namespaces and the
+bridge removes everything, rules included (fixtures do it even on failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumers.harness import (
+    FAST_FAILOVER_ENV,
+    Workflow,
+    claim_history,
+    fences_strictly_increase,
+    produce,
+    unresolved_below_commit,
+)
+from consumers.ledger import Ledger
+from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.kafka.reads import group_lag
+from streamsched.model.claims import ClaimStatus
+from streamsched.model.event import TransitionEvent
+from streamsched.model.names import internal_topic
+from streamsched.ops.broker import LocalCluster
+from streamsched.testing import WorkerProcess, child_pythonpath, make_event
+
+PARTITIONS = 4
+WORKER_ENV = {
+    **FAST_FAILOVER_ENV,  # 3 s sessions: a silent member is evicted within seconds
+    "STREAMSCHED_CLAIM_DURATION_S": "5",
+    "STREAMSCHED_LEDGER_LATENCY_S": "0.05",  # commands in flight when the cut comes
+    "STREAMSCHED_REPLICATION": "3",
+}
+PROGRESS_S = 60.0
+"""A fault must not stall the group longer than this: past it the scenario fails."""
+
+
+def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+    return proc
+
+
+def network_tools_missing() -> str | None:
+    """Why network cuts cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "network cuts need root (network namespaces, veth, nftables)"
+    for tool, pkg in (("ip", "iproute2"), ("nft", "nftables")):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (Debian package {pkg}; `make fault-tools`)"
+    probe = f"ssfprobe{uuid.uuid4().hex[:6]}"
+    made = _run("ip", "netns", "add", probe, check=False)
+    try:
+        if made.returncode != 0:
+            return f"cannot create a network namespace: {made.stderr.strip()}"
+        nft = _run("ip", "netns", "exec", probe, "nft", "add table inet probe", check=False)
+        if nft.returncode != 0:
+            return f"nftables does not work in a network namespace: {nft.stderr.strip()}"
+    finally:
+        _run("ip", "netns", "del", probe, check=False)
+    return None
+
+
+@dataclass
+class Net:
+    """A bridge and one namespace per node; see the module docstring."""
+
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    subnet: int = 0
+    nodes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """node name -> (namespace, address)"""
+
+    @property
+    def bridge(self) -> str:
+        return f"ssb{self.tag}"
+
+    def up(self) -> Net:
+        used = _run("ip", "-4", "addr").stdout
+        free = [k for k in range(1, 255) if f"10.231.{k}." not in used]
+        self.subnet = random.choice(free)
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"10.231.{self.subnet}.1/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        return self
+
+    def add(self, name: str) -> str:
+        """A namespace for node ``name`` on the bridge; returns its address."""
+        i = len(self.nodes)
+        ns, host_if, addr = f"ssf{self.tag}-{name}", f"ssv{self.tag}{i}", f"10.231.{self.subnet}.{10 + i}"
+        _run("ip", "netns", "add", ns)
+        self.nodes[name] = (ns, addr)
+        _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _run("ip", "link", "set", host_if, "master", self.bridge, "up")
+        for cmd in (["addr", "add", f"{addr}/24", "dev", "eth0"], ["link", "set", "eth0", "up"],
+                    ["link", "set", "lo", "up"]):
+            _run("ip", "-n", ns, *cmd)
+        return addr
+
+    def prefix(self, name: str) -> list[str]:
+        """The command prefix that runs a program in node ``name``'s namespace."""
+        return ["ip", "netns", "exec", self.nodes[name][0]]
+
+    def cut(self, name: str, peers: list[str]) -> None:
+        """Drop every packet between node ``name`` and ``peers`` (node names)."""
+        addrs = ", ".join(self.nodes[p][1] for p in peers)
+        rules = (f"table inet fault {{\n"
+                 f"  chain in {{ type filter hook input priority 0; ip saddr {{ {addrs} }} drop; }}\n"
+                 f"  chain out {{ type filter hook output priority 0; ip daddr {{ {addrs} }} drop; }}\n}}\n")
+        proc = subprocess.run([*self.prefix(name), "nft", "-f", "-"], input=rules, capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nft: {proc.stderr.strip()}")
+
+    def heal(self, name: str) -> None:
+        _run(*self.prefix(name), "nft", "delete", "table", "inet", "fault", check=False)
+
+    def down(self) -> None:
+        for ns, _ in self.nodes.values():
+            _run("ip", "netns", "del", ns, check=False)  # its veth pair (and its rules) go with it
+        _run("ip", "link", "del", self.bridge, check=False)
+
+
+@contextmanager
+def network() -> Iterator[Net]:
+    """A :class:`Net`, always torn down; skips (fails under CI=true) where it cannot be had."""
+    why = network_tools_missing()
+    if why is not None:
+        require("network namespaces + nftables", why)
+    net = Net()
+    try:
+        yield net.up()
+    finally:
+        net.down()
+
+
+def require(name: str, reason: str) -> None:
+    """Skip, or fail under CI=true (tests/components.py where present)."""
+    try:
+        import components  # tests/components.py, on sys.path through tests/conftest.py
+    except ImportError:
+        if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
+            pytest.fail(f"{name} missing: {reason} (CI=true)", pytrace=False)
+        pytest.skip(f"{name} missing: {reason}")
+    components.require(name, reason)
+
+
+class NetnsWorker(WorkerProcess):
+    """``streamsched run --app APP`` started inside a network namespace (``ip netns exec``)."""
+
+    def __init__(self, prefix: list[str], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefix = prefix
+
+    def start(self) -> NetnsWorker:
+        cwd = Path.cwd().resolve()
+        env = {**os.environ, **self.env, "STREAMSCHED_BOOTSTRAP": self.bootstrap}
+        env["PYTHONPATH"] = child_pythonpath([cwd], os.environ.get("PYTHONPATH"))
+        cmd = [*self.prefix, sys.executable, "-m", "streamsched", "run", "--app", self.app_ref]
+        assert self.log_path is not None
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        return self
+
+
+@dataclass
+class Scenario:
+    """One fault scenario: its network, cluster, workflow, workers and load."""
+
+    net: Net
+    cluster: LocalCluster
+    wf: Workflow
+    tmp: Path
+    workers: dict[str, NetnsWorker] = field(default_factory=dict)
+    events: list[TransitionEvent] = field(default_factory=list)
+    marks: dict[str, float] = field(default_factory=dict)
+    _batch: int = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    def bootstrap_without(self, broker: str) -> str:
+        """The bootstrap list without ``broker`` (the test process reaches every node)."""
+        return ",".join(s.bootstrap for s in self.cluster.specs if f"b{s.node_id}" != broker)
+
+    def worker(self, name: str) -> NetnsWorker:
+        self.net.add(name)
+        w = NetnsWorker(self.net.prefix(name), self.wf.app_ref, self.bootstrap,
+                        env={**WORKER_ENV, **self.wf.env}, log_path=self.tmp / f"{name}.log")
+        self.workers[name] = w.start()
+        return w
+
+    async def feed(self, batches: int, *, every_s: float = 0.5, size: int = 12) -> None:
+        """``batches`` batches of new identities with duplicates of earlier ones."""
+        rng = random.Random(len(self.events))
+        for _ in range(batches):
+            b = self._batch
+            self._batch += 1
+            batch = [make_event("due", f"tenant-{i % 5}", [f"net-{b}-{i}"], due_ns=1_700_000_000 * 10**9 + b)
+                     for i in range(size)]
+            pool = self.events + batch
+            batch += [make_event("due", d.tenant, d.target, due_ns=d.due_ns)
+                      for d in rng.sample(pool, min(len(pool), size // 3))]
+            rng.shuffle(batch)
+            await produce(self.bootstrap, self.wf, batch)
+            self.events.extend(batch)
+            await asyncio.sleep(every_s)
+
+    async def owners_since(self, since_ns: int) -> Counter[str]:
+        """Claims taken since ``since_ns`` (by lease start), per worker name."""
+        pids = {f"-{w.pid}-": name for name, w in self.workers.items()}
+        duration_ns = int(float(WORKER_ENV["STREAMSCHED_CLAIM_DURATION_S"]) * 1e9)
+        out: Counter[str] = Counter()
+        for states in (await claim_history(self.bootstrap, self.wf)).values():
+            for st in states:
+                if st.status is ClaimStatus.CLAIMED and st.lease_expires_ns - duration_ns >= since_ns:
+                    out.update(n for p, n in pids.items() if p in st.owner)
+        return out
+
+    async def drained_past(self, ends: dict[int, int]) -> bool:
+        lag = await group_lag(self.bootstrap, self.wf.group, self.wf.topic)
+        return all(lag.committed.get(p, 0) >= end for p, end in ends.items())
+
+    async def recovery(self, label: str, *, timeout: float = PROGRESS_S) -> float:
+        """Seconds until everything produced so far is resolved (committed), from now; fail the
+        scenario past ``timeout`` (a stall)."""
+        ends = dict((await group_lag(self.bootstrap, self.wf.group, self.wf.topic)).end)
+        started = time.monotonic()
+        while not await self.drained_past(ends):
+            if time.monotonic() - started > timeout:
+                lag = await group_lag(self.bootstrap, self.wf.group, self.wf.topic)
+                pytest.fail(f"{label}: no progress past {ends} within {timeout:.0f}s "
+                            f"(committed {lag.committed}); logs:\n{self.log_tails()}")
+            await asyncio.sleep(0.25)
+        self.marks[label] = round(time.monotonic() - started, 2)
+        return self.marks[label]
+
+    def log_tails(self, lines: int = 25) -> str:
+        return "\n".join(f"--- {n}\n{w.log_tail(lines)}" for n, w in self.workers.items())
+
+
+async def make_scenario(net: Net, tmp: Path, tag: str) -> Scenario:
+    """Three brokers (one namespace each; RF 3, min.insync.replicas 2) and the due_runs workflow
+    with every topic replicated three ways."""
+    hosts = [net.add(f"b{i}") for i in (1, 2, 3)]
+    cluster = LocalCluster(data_dir=tmp / "cluster", nodes=3, hosts=hosts, heap="-Xmx384m",
+                           launch_prefix=lambda spec: net.prefix(f"b{spec.node_id}"))
+    try:
+        await asyncio.to_thread(cluster.start)
+    except BaseException:
+        await asyncio.to_thread(cluster.stop)
+        raise
+    wf = Workflow("due_runs", f".{tag}-{uuid.uuid4().hex[:8]}", tmp / "ledger.sqlite3")
+    await apply(cluster.bootstrap, [
+        TopicSpec(wf.topic, PARTITIONS, replication=3),
+        TopicSpec(wf.state_topic, PARTITIONS, replication=3, kind="state"),
+        TopicSpec(internal_topic("dlq", wf.name), PARTITIONS, replication=3, kind="dead_letter"),
+        TopicSpec(internal_topic("delay", wf.name), PARTITIONS, replication=3, kind="delay"),
+    ])
+    return Scenario(net, cluster, wf, tmp)
+
+
+# --- the audit ------------------------------------------------------------------------------------
+
+EXPECTED_LOG = re.compile("|".join([
+    r"fenced out of", r"restarting ", r"Unable (to )?connect", r"Heartbeat", r"heartbeat",
+    r"[Cc]oordinator", r"[Tt]imeout", r"timed out", r"NotLeader", r"NOT_LEADER", r"not available",
+    r"Connection", r"rebalanc", r"[Rr]evok", r"assign", r"metadata", r"Metadata", r"lease",
+    r"OffsetCommit", r"commit", r"NodeNotReady", r"KafkaConnectionError", r"RequestTimedOut",
+    r"NotEnoughReplicas", r"given up", r"stuck", r"Failed fetch", r"member",
+]))
+BAD_LOG = ("exception was never retrieved", "Task was destroyed but it is pending")
+
+
+def unexpected_log_lines(text: str) -> list[str]:
+    """Error lines no expected fault explains: any ``... was never retrieved``, and any
+    ERROR/CRITICAL line or traceback whose message matches none of :data:`EXPECTED_LOG`."""
+    bad: list[str] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if any(b in line for b in BAD_LOG):
+            bad.append(line)
+        elif line.startswith("Traceback"):
+            # The exception line ends the traceback: the first line after it not indented.
+            tail = next((x for x in lines[i + 1:] if x and not x.startswith((" ", "\t"))), "")
+            if not EXPECTED_LOG.search(tail):
+                bad.append(f"{line} ... {tail}")
+        elif re.search(r"\b(ERROR|CRITICAL)\b", line) and not EXPECTED_LOG.search(line):
+            bad.append(line)
+    return bad
+
+
+@dataclass(frozen=True)
+class FaultAudit:
+    unique: int
+    missing: list[str]
+    effects_twice: list[str]
+    """Identities with more than one effect row (the ledger's idempotency key held twice)."""
+    calls_twice_same_fence: list[str]
+    """Identities whose one claim (fence) was executed twice: a second execution."""
+    calls_after_lease: list[str]
+    """Accepted calls made under a fence after that claim's lease expired while a later claim
+    took over: an owner that executed after its partition (and lease) moved on."""
+    reexecuted_within_lease: int
+    """Identities executed again by a successor after its predecessor's call (inside the
+    predecessor's lease) could not be recorded: at-least-once to the ledger, one effect."""
+    fences_ok: bool
+    unresolved_below_commit: list[tuple[int, int]]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.effects_twice or self.calls_twice_same_fence
+                    or self.calls_after_lease or self.unresolved_below_commit) and self.fences_ok
+
+
+async def audit(sc: Scenario) -> FaultAudit:
+    wf = sc.wf
+    expected = {wf.identity(ev) for ev in sc.events if ev.type == wf.event_type}
+    ledger = Ledger(wf.ledger)
+    effects = Counter(key for key, _, _ in ledger.effects())
+    with ledger._connect() as db:
+        calls = list(db.execute("SELECT idempotency_key, fence, at_ns FROM calls WHERE accepted = 1"))
+    history = await claim_history(sc.bootstrap, wf)
+    by_fence: dict[tuple[str, int], int] = {}
+    for ident, states in history.items():
+        for st in states:
+            if st.status is ClaimStatus.CLAIMED:
+                by_fence[(ident, st.fence)] = st.lease_expires_ns
+    per_fence = Counter((key, fence) for key, fence, _ in calls)
+    fences_per_key: dict[str, set[int]] = defaultdict(set)
+    late: set[str] = set()
+    for key, fence, at_ns in calls:
+        fences_per_key[key].add(fence)
+        expires = by_fence.get((key, fence))
+        later = any(f > fence for f in (s.fence for s in history.get(key, ())))
+        if expires is not None and later and at_ns > expires:
+            late.add(key)
+    return FaultAudit(
+        unique=len(expected),
+        missing=sorted(i for i in expected if effects[i] == 0),
+        effects_twice=sorted(i for i, n in effects.items() if n > 1),
+        calls_twice_same_fence=sorted({k for (k, _), n in per_fence.items() if n > 1}),
+        calls_after_lease=sorted(late),
+        reexecuted_within_lease=sum(1 for f in fences_per_key.values() if len(f) > 1),
+        fences_ok=fences_strictly_increase(history),
+        unresolved_below_commit=await unresolved_below_commit(sc.bootstrap, wf),
+    )
+
+
+def report(sc: Scenario, name: str, result: FaultAudit, record: Any, **extra: Any) -> dict[str, Any]:
+    """The scenario's result as one JSON line (printed, and a junit property)."""
+    doc = {"scenario": name, "unique": result.unique, "recovery_s": sc.marks,
+           "reexecuted_within_lease": result.reexecuted_within_lease, **extra}
+    print("FAULT-RESULT " + json.dumps(doc, sort_keys=True))
+    record("fault_result", json.dumps(doc, sort_keys=True))
+    return doc
+
+
+def assert_clean_logs(sc: Scenario) -> None:
+    for name, w in sc.workers.items():
+        assert w.log_path is not None
+        bad = unexpected_log_lines(w.log_path.read_text(errors="replace"))
+        assert not bad, f"{name}: unexpected error lines:\n" + "\n".join(bad[:20])

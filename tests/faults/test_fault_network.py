@@ -1,0 +1,153 @@
+"""Network faults made with namespaces and nftables (see tests/faults/fault_harness.py).
+
+1. A live worker cut off from every broker (not paused: its process keeps running, its
+   connections hang): the group evicts it, the other worker takes its partitions over and
+   executes; the cut-off worker never executes after its lease moved on, and once the network
+   returns it rejoins the group and works again (no crash loop, nothing lost).
+2. One broker cut off from the other two (clients still reach it): the cluster elects around it,
+   the workers keep progressing, nothing is lost or run twice, and the broker rejoins (full ISR)
+   once the cut is lifted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from consumers.harness import unresolved_below_commit
+from streamsched.kafka import clients
+from streamsched.testing import wait_for
+from tests.faults.fault_harness import (
+    PROGRESS_S,
+    Scenario,
+    assert_clean_logs,
+    audit,
+    report,
+)
+
+pytestmark = [pytest.mark.faults, pytest.mark.kafka]
+
+CUT_S = 20.0
+"""How long a cut lasts: several session timeouts (3 s) and leases (5 s)."""
+
+Record = Callable[[str, object], None]
+
+
+async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
+        scenario: Scenario, record_property: Record) -> None:
+    sc = scenario
+    cut_off, survivor = sc.worker("wa"), sc.worker("wb")
+    await sc.feed(6)
+    await sc.recovery("warmup", timeout=90)
+    owners = await sc.owners_since(0)
+    assert owners["wa"] and owners["wb"], f"both workers must own partitions before the cut: {owners}"
+
+    load = asyncio.create_task(sc.feed(int(2 * (CUT_S + 15))))  # 0.5 s apart: through cut and heal
+    try:
+        await asyncio.sleep(2)
+        cut_ns = time.time_ns()
+        sc.net.cut("wa", ["b1", "b2", "b3"])
+        try:
+            await sc.recovery("takeover")  # the survivor resolves what the cut-off one had
+            assert await unresolved_below_commit(sc.bootstrap, sc.wf) == [], "offset ahead of outcomes"
+            await asyncio.sleep(max(0.0, CUT_S - (time.time_ns() - cut_ns) / 1e9))
+            taken = await sc.owners_since(cut_ns)
+            assert cut_off.alive(), "the cut-off worker died instead of waiting for the network"
+        finally:
+            sc.net.heal("wa")
+        healed_ns = time.time_ns()
+        healed = time.monotonic()
+
+        async def rejoined() -> bool:
+            return (await sc.owners_since(healed_ns))["wa"] > 0
+
+        await wait_for(rejoined, timeout=PROGRESS_S, what="the cut-off worker to claim work again")
+        sc.marks["rejoin"] = round(time.monotonic() - healed, 2)
+        await load
+    finally:
+        load.cancel()
+    await sc.recovery("after_heal")
+    assert cut_off.alive() and survivor.alive()
+    assert cut_off.terminate() == 0 and survivor.terminate() == 0
+
+    result = await audit(sc)
+    log = (sc.tmp / "wa.log").read_text(errors="replace")
+    report(sc, "worker_cut_off", result, record_property, claims_during_cut=dict(taken),
+           cut_off_fenced=log.count("fenced out of"), cut_off_restarts=log.count("restarting "))
+    assert taken["wb"] > 0 and taken["wa"] == 0, f"claims taken during the cut: {taken}"
+    assert result.ok, result
+    assert_clean_logs(sc)
+
+
+async def _describe(bootstrap: str, topics: list[str]) -> list[dict[str, Any]]:
+    admin = clients.admin(bootstrap, request_timeout_ms=5000)
+    await admin.start()
+    try:
+        return [p for t in await admin.describe_topics(topics) for p in t["partitions"]]
+    finally:
+        await admin.close()
+
+
+async def test_a_broker_cut_off_from_the_other_two_is_elected_around(
+        scenario: Scenario, record_property: Record) -> None:
+    sc = scenario
+    sc.worker("wa"), sc.worker("wb")
+    await sc.feed(6)
+    await sc.recovery("warmup", timeout=90)
+    admin = clients.admin(sc.bootstrap)
+    await admin.start()
+    try:
+        victim_id = int(await admin.find_coordinator(sc.wf.group))  # the most disruptive one
+    finally:
+        await admin.close()
+    victim = f"b{victim_id}"
+    others = [f"b{i}" for i in (1, 2, 3) if i != victim_id]
+    topics = [sc.wf.topic, sc.wf.state_topic]
+    led = sum(p["leader"] == victim_id for p in await _describe(sc.bootstrap, topics))
+
+    load = asyncio.create_task(sc.feed(int(2 * (CUT_S + 15))))
+    try:
+        await asyncio.sleep(2)
+        sc.net.cut(victim, others)
+        cut = time.monotonic()
+        try:
+            reachable = sc.bootstrap_without(victim)
+
+            async def elected_around() -> bool:
+                try:
+                    parts = await _describe(reachable, topics)
+                except Exception:  # noqa: BLE001 - a request may time out while leaders move
+                    return False
+                return all(p["leader"] not in (victim_id, -1) for p in parts)
+
+            await wait_for(elected_around, timeout=PROGRESS_S, what="leaders to move off the victim")
+            sc.marks["elected_around"] = round(time.monotonic() - cut, 2)
+            await sc.recovery("during_cut")
+            assert await unresolved_below_commit(sc.bootstrap, sc.wf) == [], "offset ahead of outcomes"
+            await asyncio.sleep(max(0.0, CUT_S - (time.monotonic() - cut)))
+        finally:
+            sc.net.heal(victim)
+        healed = time.monotonic()
+
+        async def rejoined() -> bool:
+            parts = await _describe(sc.bootstrap, topics)
+            return all(victim_id in p["isr"] for p in parts)
+
+        await wait_for(rejoined, timeout=PROGRESS_S, what="the victim back in every ISR")
+        sc.marks["broker_rejoin"] = round(time.monotonic() - healed, 2)
+        await load
+    finally:
+        load.cancel()
+    await sc.recovery("after_heal")
+    for name, w in sc.workers.items():
+        assert w.alive(), f"{name} died"
+        assert w.terminate() == 0, name
+
+    result = await audit(sc)
+    report(sc, "broker_cut_off", result, record_property, victim=victim_id, partitions_led=led)
+    assert result.ok, result
+    assert_clean_logs(sc)
