@@ -390,7 +390,7 @@ def cli() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3000, help="records of the warm-up pass")
     ap.add_argument("--commit-interval", type=float, default=0.1,
-                    help="STREAMSCHED_COMMIT_INTERVAL_S of the streamsched worker")
+                    help="STREAMSCHED_COMMIT_INTERVAL (seconds) of the streamsched worker")
     ap.add_argument("--faust-commit-interval", type=float, default=0.1,
                     help="Faust's broker_commit_interval (its default is 2.8 s; 0.1 s commits as often "
                          "as the streamsched worker, and lets the window resolve Faust's rate)")

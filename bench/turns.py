@@ -196,7 +196,7 @@ def start_role(role: str, bootstrap: str, logdir: Path, **opts: object) -> Proc:
 def start_worker(bootstrap: str, logdir: Path, kind: str, topic: str, name: str, out: str,
                  commit_interval_s: float, trace: Path | None = None) -> Proc:
     env = {"BENCH_KIND": kind, "BENCH_TOPIC": topic, "BENCH_NAME": name, "BENCH_OUT": out,
-           "STREAMSCHED_COMMIT_INTERVAL_S": str(commit_interval_s),
+           "STREAMSCHED_COMMIT_INTERVAL": f"{commit_interval_s}s",
            # `streamsched run`'s default claim store (on disk), in the run's own directory;
            # STREAMSCHED_STORE_DIR=:memory: in the environment measures the in-memory store.
            "STREAMSCHED_STORE_DIR": os.environ.get("STREAMSCHED_STORE_DIR", str(logdir / "stores"))}
@@ -826,7 +826,7 @@ def cli() -> None:
     ap.add_argument("--warmup", type=int, default=5000, help="records of the warm-up pass")
     ap.add_argument("--latency-seconds", type=float, default=10.0)
     ap.add_argument("--commit-interval", type=float, default=0.1,
-                    help="STREAMSCHED_COMMIT_INTERVAL_S of the streamsched workers")
+                    help="STREAMSCHED_COMMIT_INTERVAL (seconds) of the streamsched workers")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run (10,000 records, 1 round, short latency phase): not a figure")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any, Literal, overload
 
 from streamsched.errors import StaleFence
 
@@ -67,6 +68,14 @@ class Ledger:
         with self._connect() as db:
             return list(db.execute("SELECT idempotency_key, run_id, fence FROM effects"))
 
-    def calls(self) -> list[tuple[str, int, int]]:
+    @overload
+    def calls(self) -> list[tuple[str, int, int]]: ...
+    @overload
+    def calls(self, *, with_time: Literal[True]) -> list[tuple[str, int, int, int]]: ...
+
+    def calls(self, *, with_time: bool = False) -> list[Any]:
+        """Every call in the order the ledger took them: (idempotency key, fence, accepted), and
+        with ``with_time`` also when (``time.time_ns()`` as the call was recorded)."""
+        columns = "idempotency_key, fence, accepted" + (", at_ns" if with_time else "")
         with self._connect() as db:
-            return list(db.execute("SELECT idempotency_key, fence, accepted FROM calls ORDER BY id"))
+            return list(db.execute(f"SELECT {columns} FROM calls ORDER BY id"))

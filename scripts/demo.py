@@ -31,8 +31,8 @@ from streamsched.ops.broker import LocalCluster  # noqa: E402
 from streamsched.testing import WorkerProcess, wait_drained, wait_for  # noqa: E402
 
 DATA = ROOT / ".streamsched" / "demo"
-ENV = {"STREAMSCHED_CLAIM_DURATION_S": "5", "STREAMSCHED_SESSION_TIMEOUT_MS": "3000",
-       "STREAMSCHED_HEARTBEAT_MS": "500",
+ENV = {"STREAMSCHED_CLAIM_DURATION_S": "5", "STREAMSCHED_SESSION_TIMEOUT": "3s",
+       "STREAMSCHED_HEARTBEAT": "0.5s",
        # Claims on disk, as `streamsched run` keeps them by default, beside the demo's broker.
        "STREAMSCHED_STORE_DIR": str(DATA / "stores")}
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 
+from streamsched.errors import ConfigError
+
 POINTS = (
     "after_select",
     "after_claim",
@@ -27,20 +29,26 @@ OUTBOX_POINTS = ("outbox_after_send",)
 _armed: dict[str, int] | None = None
 
 
+def parse(spec: str) -> dict[str, int]:
+    """``name[:nth][,name[:nth]]`` as {name: nth}; a :class:`ConfigError` naming the variable
+    otherwise (a typo in a crash drill is one line, not an import-time traceback)."""
+    armed: dict[str, int] = {}
+    known = POINTS + TICKER_POINTS + OUTBOX_POINTS
+    for item in spec.split(","):
+        name, _, nth = item.strip().partition(":")
+        if name not in known:
+            raise ConfigError(f"STREAMSCHED_FAILPOINT must be name[:nth][,name[:nth]...] of known "
+                              f"failpoints ({', '.join(known)}), not {name!r}")
+        if nth and not (nth.isdigit() and int(nth) >= 1):
+            raise ConfigError("STREAMSCHED_FAILPOINT must be name[:nth][,name[:nth]...] with nth >= 1")
+        armed[name] = int(nth or 1)
+    return armed
+
+
 def arm(spec: str | None) -> None:
     """Arm failpoints from ``name[:nth][,name[:nth]]`` (None or "" disarms)."""
     global _armed
-    if not spec:
-        _armed = None
-        return
-    armed: dict[str, int] = {}
-    for item in spec.split(","):
-        name, _, nth = item.strip().partition(":")
-        known = POINTS + TICKER_POINTS + OUTBOX_POINTS
-        if name not in known:
-            raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(known)}")
-        armed[name] = int(nth or 1)
-    _armed = armed
+    _armed = parse(spec) if spec else None
 
 
 def hit(name: str) -> None:

@@ -25,15 +25,13 @@ from typing import Final
 
 import orjson
 
-from streamsched.errors import ConfigError
+from streamsched import settings
 
 __all__ = ["CONTEXT_FIELDS", "JsonFormatter", "TextFormatter", "configure", "current_context", "log_context",
            "parse_level"]
 
 CONTEXT_FIELDS: Final = ("scheduler", "partition", "offset", "identity", "fence", "trace_id")
 """The only fields a line's context may carry (all safe: names, numbers, digests, trace ids)."""
-LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-FORMATS: Final = ("text", "json")
 
 _context: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("streamsched_log_context",
                                                                                 default={})  # noqa: B039
@@ -105,9 +103,9 @@ class TextFormatter(logging.Formatter):
 
 def parse_level(text: str | None) -> int:
     """A level name (any case) as a number; :class:`ConfigError` names ``STREAMSCHED_LOG``."""
-    name = (text or "WARNING").strip().upper()
-    if name not in LEVELS:
-        raise ConfigError(f"STREAMSCHED_LOG must be one of {', '.join(LEVELS)} (any case), not {text!r}")
+    if text is None or not text.strip():
+        return logging.WARNING
+    name = settings.parse(settings.declared("STREAMSCHED_LOG"), text)
     return int(getattr(logging, name))
 
 
@@ -115,9 +113,8 @@ def configure(level: str | None = None, fmt: str | None = None) -> None:
     """Configure the root logger from the arguments, else ``STREAMSCHED_LOG`` and
     ``STREAMSCHED_LOG_FORMAT`` (see the module docs)."""
     number = parse_level(level if level is not None else os.environ.get("STREAMSCHED_LOG"))
-    chosen = (fmt if fmt is not None else os.environ.get("STREAMSCHED_LOG_FORMAT") or "text").strip().lower()
-    if chosen not in FORMATS:
-        raise ConfigError(f"STREAMSCHED_LOG_FORMAT must be one of {', '.join(FORMATS)}, not {chosen!r}")
+    fmt_var = settings.declared("STREAMSCHED_LOG_FORMAT")
+    chosen = str(settings.parse(fmt_var, fmt) if fmt else settings.value(fmt_var.name) or "text").lower()
     root = logging.getLogger()
     ours = [h for h in root.handlers if getattr(h, "_streamsched", False)]
     if root.handlers and not ours:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import components
 import pytest
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
@@ -23,6 +24,18 @@ from streamsched.worker.app import SchedulerDef
 
 if TYPE_CHECKING:
     from streamsched.worker.intake import Worker
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{components.MARKER}(name, reason, found): needs an outside "
+                            "component; missing, the test skips (fails under CI=true): tests/components.py")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers(components.MARKER):
+        name, reason = mark.args
+        if not mark.kwargs["found"]:
+            components.require(name, reason)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

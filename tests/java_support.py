@@ -13,15 +13,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from components import needs
 
 JAVA_HEAP = "-Xmx256m"
 """The machine is shared with the broker and other tests: a short-lived producer needs little."""
 
 
 def requires(*tools: str) -> pytest.MarkDecorator:
-    """Skip unless every one of ``tools`` (``java``, ``mvn``) is on PATH."""
+    """Skip unless every one of ``tools`` (``java``, ``mvn``) is on PATH (fail under ``CI=true``:
+    tests/components.py)."""
     missing = [t for t in tools if shutil.which(t) is None]
-    return pytest.mark.skipif(bool(missing), reason=f"needs {' and '.join(tools)} on PATH")
+    return needs(" and ".join(missing or tools), f"needs {' and '.join(tools)} on PATH", found=not missing)
 
 
 def maven_classpath(pom: Path, out_dir: Path, *, timeout: float = 110) -> str:

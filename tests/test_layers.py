@@ -18,11 +18,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "streamsched"
 
-CROSS = {"errors", "metrics", "failpoints", "logs", "tracing"}
+CROSS = {"errors", "metrics", "failpoints", "logs", "tracing", "settings"}
 ALLOWED: dict[str, set[str]] = {
     "model": {"model", "errors"},
     "wire": {"model", "wire", "errors"},
-    "kafka": {"model", "wire", "kafka", "errors", "metrics", "logs", "tracing"},
+    "kafka": {"model", "wire", "kafka", "errors", "metrics", "logs", "tracing", "settings"},
     "worker": {"model", "wire", "kafka", "worker"} | CROSS,
     "schedules": {"model", "wire", "kafka", "schedules"} | CROSS,
     "outbox": {"model", "wire", "kafka", "outbox"} | CROSS,
@@ -34,7 +34,9 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "metrics": {"errors"},
     "failpoints": {"errors"},
-    "logs": {"errors"},
+    "logs": {"errors", "settings"},
+    # The declared STREAMSCHED_* variables: pure, every layer reads them.
+    "settings": {"errors", "model", "failpoints"},
     "tracing": {"errors"},
 }
 NO_KAFKA_CLIENT = {"model", "wire"}

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from streamsched import settings
 from streamsched.errors import BrokerError, ConfigError, TopicMismatch
 from streamsched.kafka import clients
 from streamsched.model.limits import MAX_PARK_S
@@ -157,27 +158,33 @@ def _retention_covers(actual: str | None, wanted: int | str) -> bool:
 def load_file(path: Path) -> list[TopicSpec]:
     try:
         data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: {type(exc).__name__}: {exc}") from None
-    specs = []
-    for raw in data.get("topic", []):
-        specs.append(_spec_from_table(raw, path))
-    return specs
+    except tomllib.TOMLDecodeError as exc:
+        raise settings.toml_error("topic definition", path, exc) from None
+    except OSError as exc:
+        raise ConfigError(f"topic definition {path}: {exc.strerror or type(exc).__name__}") from None
+    tables = data.get("topic", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"topic definition {path}: topics are [[topic]] tables")
+    return [_spec_from_table(raw, path) for raw in tables]
 
 
 def _spec_from_table(raw: dict[str, Any], path: Path) -> TopicSpec:
     unknown = set(raw) - {"name", "partitions", "replication", "kind", "config"}
     if unknown:
         raise ConfigError(f"{path}: unknown keys {sorted(unknown)}")
-    config = {str(k): str(v).lower() if isinstance(v, bool) else str(v)
-              for k, v in dict(raw.get("config", {})).items()}
     try:
+        config = {str(k): str(v).lower() if isinstance(v, bool) else str(v)
+                  for k, v in dict(raw.get("config", {})).items()}
         rf = raw.get("replication")
         return TopicSpec(name=raw["name"], partitions=int(raw["partitions"]),
                          replication=None if rf is None else int(rf),
                          kind=raw.get("kind", "transition"), config=config)
     except KeyError as exc:
         raise ConfigError(f"{path}: topic needs {exc.args[0]!r}") from None
+    except (TypeError, ValueError):
+        # Which keys, not their values: the file is the operator's, the message goes to logs.
+        raise ConfigError(f"{path}: a topic's partitions and replication are integers, config "
+                          "a table") from None
 
 
 def load_dir(directory: Path) -> list[TopicSpec]:

@@ -47,6 +47,7 @@ Validation of the security settings already lives in :mod:`streamsched.kafka.sec
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -268,6 +269,18 @@ def consumer(conn: Conn, *topics: str, group_id: str | None = None, **options: A
     return built  # type: ignore[no-any-return]
 
 
+async def _closing_on_failure(starting: Awaitable[None], close: Callable[[], Awaitable[None]]) -> None:
+    """Await a client's ``start()``; when it fails (Kafka unreachable), close the client before
+    the error goes on: callers start a client before their ``try``, so nothing else closes it,
+    and aiokafka would print "Unclosed AIOKafkaConsumer" after the one-line error."""
+    try:
+        await starting
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await close()
+        raise
+
+
 @functools.cache
 def _consumer_class() -> type[Any]:
     # Built on first use so importing this module does not import aiokafka.
@@ -279,7 +292,7 @@ def _consumer_class() -> type[Any]:
         _streamsched_conn: Connection | None = None
 
         async def start(self) -> None:
-            await super().start()
+            await _closing_on_failure(super().start(), self.stop)
             _refresh_metadata_on_offset_errors(self)
             await _verify_started(self, compat.client_of(self), self.stop)
 
@@ -303,7 +316,7 @@ def _producer_class() -> type[Any]:
         _streamsched_conn: Connection | None = None
 
         async def start(self) -> None:
-            await super().start()
+            await _closing_on_failure(super().start(), self.stop)
             await _verify_started(self, compat.client_of(self), self.stop)
 
     return Producer
@@ -319,7 +332,7 @@ def _admin_class() -> type[Any]:
         _streamsched_conn: Connection | None = None
 
         async def start(self) -> None:
-            await super().start()
+            await _closing_on_failure(super().start(), self.close)
             await _verify_started(self, compat.client_of(self), self.close)
 
     return Admin
@@ -419,13 +432,15 @@ def admin(conn: Conn, **options: Any) -> Any:
     return built
 
 
-def forget_topic(producer: object, topic: str) -> None:
+def forget_topic(producer: object, topic: str, *, keep: str | None = None) -> None:
     """Stop refreshing ``topic`` in ``producer``'s metadata.
 
     aiokafka keeps every topic it was ever asked about (``partitions_for``, a send) and asks for
     it again every :data:`METADATA_MAX_AGE_MS`, logging an ERROR each time for a topic this
     principal may not describe. A caller that found a topic unusable and will look it up again
     later itself (the ticker's targets) drops it here. aiokafka 0.14 has no public call for this:
-    its client's topic set is replaced (:func:`streamsched.kafka.compat.forget_topic`).
+    its client's topic set is replaced (:func:`streamsched.kafka.compat.forget_topic`); ``keep``
+    (a topic the caller writes anyway) takes the place of a last topic, as an empty set would
+    mean "every topic".
     """
-    compat.forget_topic(producer, topic)
+    compat.forget_topic(producer, topic, keep=keep)

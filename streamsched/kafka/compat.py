@@ -113,15 +113,21 @@ def position_now(consumer: object, tp: object) -> int | None:
     return int(state.position) if state is not None and state.has_valid_position else None
 
 
-def forget_topic(producer: object, topic: str) -> None:
-    """Stop ``producer`` refreshing ``topic`` in its metadata (the last topic is kept).
+def forget_topic(producer: object, topic: str, *, keep: str | None = None) -> None:
+    """Stop ``producer`` refreshing ``topic`` in its metadata.
 
     aiokafka keeps every topic it was ever asked about in its client's ``_topics`` and has no
-    public call to drop one; an empty set would mean "every topic"."""
+    public call to drop one; an empty set would mean "every topic", so a last topic is replaced
+    by ``keep`` (a topic the caller writes anyway), or kept when there is none."""
     client = getattr(producer, "client", None)
     topics = getattr(client, "_topics", None)
-    if isinstance(topics, set) and topic in topics and len(topics) > 1:
-        client._topics = topics - {topic}  # type: ignore[union-attr]
+    if not isinstance(topics, set) or topic not in topics:
+        return
+    rest = topics - {topic}
+    if not rest and keep is not None and keep != topic:
+        rest = {keep}
+    if rest:
+        client._topics = rest  # type: ignore[union-attr]
 
 
 def transaction_waiter(producer: object) -> object:

@@ -46,13 +46,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from streamsched import settings
 from streamsched.errors import FencedOut, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.fencing import (
@@ -119,7 +119,7 @@ class InjectedFault(StreamschedError):
 
 
 def _fault_delay() -> float | None:
-    rate = float(os.environ.get(FAULTS_ENV) or 0)
+    rate = settings.value(FAULTS_ENV) or 0.0
     return random.uniform(0.0, 3.0) if rate > 0 and random.random() < rate else None
 
 

@@ -16,11 +16,11 @@ version of a few core APIs, measured on each release's own broker (3.9.1, 4.1.1 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from streamsched import settings
 from streamsched.errors import BrokerError
 
 TESTED_KAFKA_VERSIONS: Final = ("3.9.1", "4.4.0")
@@ -99,8 +99,7 @@ def detect(versions: Mapping[int, tuple[int, int]]) -> DetectedVersion:
 
 def allowed_by_env(env: Mapping[str, str] | None = None) -> bool:
     """``STREAMSCHED_ALLOW_UNTESTED_KAFKA`` is set to a true value."""
-    value = (os.environ if env is None else env).get(ALLOW_ENV, "")
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    return settings.value(ALLOW_ENV, env) is True  # a bad spelling is a ConfigError, not "no"
 
 
 def check(bootstrap: str, versions: Mapping[int, tuple[int, int]], *,

@@ -95,6 +95,8 @@ class NodeSpec:
 
 NO_QUORUM_STOP_S = 3.0
 """How long a node without a controller quorum gets to stop before SIGKILL (see LocalCluster.stop)."""
+MAX_NODES = 9
+"""The most nodes a local cluster may have: each is a JVM with its own heap on one machine."""
 
 
 @dataclass
@@ -124,6 +126,14 @@ class LocalCluster:
     launch_prefix: Callable[[NodeSpec], list[str]] | None = None
     specs: list[NodeSpec] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Refused here, before start() creates the data directory: bad input leaves nothing behind.
+        kafka_version(self.kafka_version)
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise BrokerError(f"a local cluster has 1..{MAX_NODES} nodes, not {self.nodes}")
+        if self.port is not None and not 1 <= self.port <= 65535 - self.nodes:
+            raise BrokerError(f"--port must be in 1..{65535 - self.nodes}, not {self.port}")
 
     @property
     def bootstrap(self) -> str:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamsched import settings
 from streamsched.errors import ConfigError
 from streamsched.kafka.clients import Connection
 from streamsched.kafka.security import SASL_MECHANISMS, SECURITY_PROTOCOLS, Secret
@@ -68,13 +69,15 @@ class Setting:
     file_key: tuple[str, ...]
     help: str
     kind: str = "str"  # str | path | bool | options
+    default: str = "none"
 
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("bootstrap", "--bootstrap", "STREAMSCHED_BOOTSTRAP", ("bootstrap",),
-            "Kafka bootstrap servers, host:port[,host:port...]"),
+            "Kafka bootstrap servers, host:port[,host:port...]",
+            default="the local broker `streamsched broker start` runs"),
     Setting("security_protocol", "--security-protocol", "STREAMSCHED_SECURITY_PROTOCOL",
-            ("security_protocol",), f"one of {', '.join(SECURITY_PROTOCOLS)} (default PLAINTEXT)"),
+            ("security_protocol",), f"one of {', '.join(SECURITY_PROTOCOLS)}", default="PLAINTEXT"),
     Setting("sasl_mechanism", "--sasl-mechanism", "STREAMSCHED_SASL_MECHANISM", ("sasl", "mechanism"),
             f"one of {', '.join(SASL_MECHANISMS)}"),
     Setting("sasl_username", "--sasl-username", "STREAMSCHED_SASL_USERNAME", ("sasl", "username"),
@@ -87,8 +90,8 @@ SETTINGS: tuple[Setting, ...] = (
             "MODULE:ATTR of an OAUTHBEARER token provider (a callable returning a token, or an "
             "aiokafka AbstractTokenProvider)"),
     Setting("ssl_cafile", "--ssl-cafile", "STREAMSCHED_SSL_CAFILE", ("ssl", "cafile"),
-            "CA certificates (PEM) the broker's certificate is verified against (default: system CAs)",
-            "path"),
+            "CA certificates (PEM) the broker's certificate is verified against", "path",
+            default="the system's CAs"),
     Setting("ssl_certfile", "--ssl-certfile", "STREAMSCHED_SSL_CERTFILE", ("ssl", "certfile"),
             "client certificate (PEM) for TLS client authentication", "path"),
     Setting("ssl_keyfile", "--ssl-keyfile", "STREAMSCHED_SSL_KEYFILE", ("ssl", "keyfile"),
@@ -97,8 +100,8 @@ SETTINGS: tuple[Setting, ...] = (
             ("ssl", "key_password_file"),
             "file holding the client key's password (or set STREAMSCHED_SSL_KEY_PASSWORD)", "path"),
     Setting("ssl_check_hostname", "--ssl-check-hostname", "STREAMSCHED_SSL_CHECK_HOSTNAME",
-            ("ssl", "check_hostname"), "match the broker certificate to the host name (default on)",
-            "bool"),
+            ("ssl", "check_hostname"), "match the broker certificate to the host name", "bool",
+            default="true"),
     Setting("client_options", "--client-option", "STREAMSCHED_CLIENT_OPTIONS", ("client",),
             "KEY=VALUE aiokafka option for every client (repeatable; the variable: comma-separated)",
             "options"),
@@ -110,16 +113,34 @@ SETTINGS: tuple[Setting, ...] = (
             "KEY=VALUE aiokafka admin client option (repeatable)", "options"),
     Setting("allow_untested_kafka", "--allow-untested-kafka", ALLOW_ENV, ("allow_untested_kafka",),
             f"connect to a Kafka release streamsched is not tested with (tested: {tested_range()})",
-            "bool"),
+            "bool", default="false"),
 )
 CONFIG_ENV = "STREAMSCHED_CONFIG"
 SECRET_ENV = {"sasl_password": "STREAMSCHED_SASL_PASSWORD",
               "ssl_key_password": "STREAMSCHED_SSL_KEY_PASSWORD"}
-_FILE_KEYS = {"bootstrap", "security_protocol", "allow_untested_kafka", "sasl", "ssl", "client", "producer",
-              "consumer", "admin"}
-_SECTION_KEYS = {"sasl": {"mechanism", "username", "password", "password_file", "oauth_token_provider"},
-                 "ssl": {"cafile", "certfile", "keyfile", "key_password", "key_password_file",
-                         "check_hostname"}}
+
+
+@dataclass(frozen=True)
+class FileKey:
+    """One key of the TOML connection file: where it sits, its default and meaning (the
+    configuration reference is rendered from :data:`FILE_KEYS`)."""
+
+    key: tuple[str, ...]
+    default: str
+    help: str
+    setting: Setting | None = None
+
+
+FILE_KEYS: tuple[FileKey, ...] = (
+    *(FileKey(s.file_key, s.default, s.help, s) for s in SETTINGS),
+    FileKey(("sasl", "password"), "none", "the SASL password in the file itself (keep the file private; "
+            f"{SECRET_ENV['sasl_password']} or password_file are preferred)"),
+    FileKey(("ssl", "key_password"), "none", "the client key's password in the file itself (keep the "
+            "file private)"),
+)
+_FILE_KEYS = {k.key[0] for k in FILE_KEYS} | {"sasl", "ssl"}
+_SECTION_KEYS = {section: {k.key[1] for k in FILE_KEYS if len(k.key) == 2 and k.key[0] == section}
+                 for section in ("sasl", "ssl")}
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
@@ -133,7 +154,7 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         # then shows the password as a file name); it refuses without echoing the value.
         group.add_argument(flag, action=_RefusePassword, help=argparse.SUPPRESS)
     for s in SETTINGS:
-        text = f"{s.help} (env {s.env})"
+        text = f"{s.help} (env {s.env}" + (f"; default: {s.default})" if s.default != "none" else ")")
         if s.kind == "bool":
             group.add_argument(s.flag, dest=s.dest, default=None, action=argparse.BooleanOptionalAction,
                                help=text)
@@ -206,8 +227,10 @@ def load_file(path: Path) -> dict[str, Any]:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"connection file {path} does not exist") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"connection file {path} is not readable TOML ({type(exc).__name__})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise settings.toml_error("connection file", path, exc) from None
+    except OSError as exc:
+        raise ConfigError(f"connection file {path}: {exc.strerror or type(exc).__name__}") from None
     unknown = sorted(set(doc) - _FILE_KEYS)
     if unknown:
         raise ConfigError(f"connection file {path}: unknown key(s) {', '.join(unknown)}")
@@ -243,7 +266,7 @@ def _pick(s: Setting, flags: Mapping[str, Any], env: Mapping[str, str], doc: Map
         return merged
     value = flags.get(s.dest)
     if value is None and env.get(s.env):
-        value = _bool(env[s.env], s.env) if s.kind == "bool" else env[s.env]
+        value = settings.value(s.env, env)  # parsed as declared: a bool, a choice in its canonical case
     if value is None and from_file is not None:
         if s.kind == "path":
             from_file = str(base / Path(str(from_file)).expanduser())
@@ -260,15 +283,6 @@ def _dig(doc: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
             return None
         cur = cur[k]
     return cur
-
-
-def _bool(text: str, where: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{where} must be true or false")
 
 
 def parse_options(items: list[str], where: str) -> dict[str, Any]:

@@ -11,7 +11,6 @@ complete run: 0. See :mod:`streamsched.ops.replay` for the reset itself.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -20,11 +19,11 @@ from typing import Any, NoReturn, TextIO
 
 from tqdm import tqdm
 
+from streamsched import settings
 from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_count
 from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.kafka.writer import partition_for_key
-from streamsched.model.durations import parse_duration
 from streamsched.ops.replay import Target, plan_reset
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.selection import classify
@@ -148,8 +147,8 @@ async def verify(bootstrap: clients.Conn, scheduler: SchedulerDef, target: Targe
 
 def horizon_from_env() -> float:
     """The outcome horizon a worker started from this environment uses (STREAMSCHED_OUTCOME_HORIZON)."""
-    raw = os.environ.get("STREAMSCHED_OUTCOME_HORIZON")
-    return parse_duration(raw) if raw else HORIZON_DEFAULT_S
+    value = settings.value("STREAMSCHED_OUTCOME_HORIZON")
+    return float(value) if value is not None else HORIZON_DEFAULT_S
 
 
 async def _account(report: VerifyReport, s: SchedulerDef, rec: ConsumerRecord, partitions: int, state_of: Any,

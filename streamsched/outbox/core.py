@@ -110,6 +110,7 @@ class Outbox:
         self._lock = threading.Lock()
         self.metrics = Metrics(f"outbox.{self.table}")
         self._counts_at = 0.0
+        self._creating = False
 
     # ------------------------------------------------------------------------- service side
 
@@ -135,8 +136,13 @@ class Outbox:
     # --------------------------------------------------------------------------- relay side
 
     async def ensure_schema(self) -> None:
-        """:meth:`create_schema` on the relay's own connection (committed at once)."""
-        await self._db(lambda conn, d: sql.create_schema(conn, self.table))
+        """:meth:`create_schema` on the relay's own connection (committed at once); the only
+        call that creates a missing SQLite file (any other refuses a missing file or table)."""
+        self._creating = True
+        try:
+            await self._db(lambda conn, d: sql.create_schema(conn, self.table))
+        finally:
+            self._creating = False
 
     async def claim(self, worker_id: str, limit: int = 1) -> list[Intent]:
         """Lease up to ``limit`` due intents to ``worker_id`` (the pull behind :meth:`run_once`)."""
@@ -296,7 +302,20 @@ class Outbox:
     def _db_sync(self, op: Callable[[DbConnection, sql.Dialect], _T]) -> _T:
         with self._lock:
             if self._conn is None:
-                conn = self._connect() if self._connect is not None else sql.open_dsn(self._need_dsn())
+                if self._connect is not None:
+                    conn = self._connect()
+                else:
+                    dsn = self._need_dsn()
+                    # A missing file or table is an error of this call, not a new empty file:
+                    # status and requeue say so; the relay counts it and retries until the
+                    # service has created its table.
+                    conn = sql.open_dsn(dsn, create=self._creating)
+                    if not self._creating:
+                        try:
+                            sql.require_table(conn, self.table, dsn)
+                        except BaseException:
+                            conn.close()
+                            raise
                 self._dialect = sql.relay_mode(conn)
                 self._conn = conn
             assert self._dialect is not None

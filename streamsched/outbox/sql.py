@@ -36,9 +36,11 @@ agree on lease expiry. SQLite relays share one machine's clock.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -187,19 +189,43 @@ def check_dsn(dsn: str) -> str:
     return dsn
 
 
-def open_dsn(dsn: str) -> DbConnection:
-    """A new relay connection for ``dsn`` (psycopg is imported only for PostgreSQL)."""
+def open_dsn(dsn: str, *, create: bool = True) -> DbConnection:
+    """A new relay connection for ``dsn`` (psycopg is imported only for PostgreSQL). Without
+    ``create`` a SQLite file that does not exist is a :class:`ConfigError` and is not created
+    (sqlite3 would create an empty file for any mistyped path)."""
     check_dsn(dsn)
     if dsn.startswith("sqlite:///"):
+        path = dsn[len("sqlite:///"):]
+        if not create and not os.path.exists(path):
+            raise ConfigError(f"outbox database {path} does not exist: run `streamsched outbox relay "
+                              "--create-schema` (or Outbox.ensure_schema) to create it and its table")
         # check_same_thread=False: the relay calls it from asyncio.to_thread's worker threads,
         # one call at a time (the Outbox's lock); timeout: how long to wait for the write lock.
-        return sqlite3.connect(dsn[len("sqlite:///"):], timeout=30, check_same_thread=False,
-                               isolation_level=None)
+        # mode=rw: an existing file only, never a new one, unless creating.
+        target = path if create else f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=rw"
+        return sqlite3.connect(target, timeout=30, check_same_thread=False, isolation_level=None,
+                               uri=not create)
     try:
         import psycopg
     except ImportError:
         raise ConfigError("a PostgreSQL outbox needs psycopg: pip install 'streamsched[postgres]'") from None
     return psycopg.connect(dsn, autocommit=True)
+
+
+def require_table(conn: DbConnection, table: str, dsn: str) -> None:
+    """A :class:`ConfigError` when ``table`` does not exist: status, requeue and a relay started
+    without ``--create-schema`` say so instead of failing on a missing table (exit 4)."""
+    t = check_table(table)
+    if dialect_of(conn) is SQLITE:
+        row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [t]).fetchone()
+        where = dsn[len("sqlite:///"):]
+    else:
+        row = conn.execute("SELECT to_regclass(%s)", [t]).fetchone()
+        row = row if row and row[0] is not None else None
+        where = "the PostgreSQL database"  # not the DSN: it may carry a password
+    if row is None:
+        raise ConfigError(f"outbox table {t} does not exist in {where}: run `streamsched outbox relay "
+                          "--create-schema` (or Outbox.ensure_schema) to create it")
 
 
 def relay_mode(conn: DbConnection) -> Dialect:

@@ -48,13 +48,15 @@ class Targets:
 
     def __init__(self, metrics: Metrics, partition: int, *,
                  probe: Callable[[str], Awaitable[int]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, keep: str | None = None) -> None:
         self.metrics = metrics
         self.partition = partition
         self.probe = probe
         """How a waiting target is looked up again (its partition count, from an admin client): not
         through the producer, whose metadata refresh would log an ERROR for it every few seconds."""
         self.clock = clock
+        self.keep = keep
+        """A topic the producer writes anyway: it replaces a forgotten target that was its only one."""
         self.waiting: dict[str, float] = {}
         """Target topic -> when it is looked up again (monotonic seconds)."""
 
@@ -68,16 +70,20 @@ class Targets:
         if self.blocked(topic):
             return False
         if topic in self.waiting and self.probe is not None:
+            # Forgotten again on every failed probe: the first forget keeps a producer's only
+            # topic (aiokafka reads an empty set as "every topic"), and by now it may know others.
             try:
                 if not await asyncio.wait_for(self.probe(topic), CHECK_S):
+                    clients.forget_topic(producer, topic, keep=self.keep)
                     return self._wait(topic, "it has no partitions")
             except Exception as exc:  # noqa: BLE001 - any failed lookup means "not now"
+                clients.forget_topic(producer, topic, keep=self.keep)
                 return self._wait(topic, _why(exc))
         try:
             # The producer's cached metadata answers at once for a topic it already knows.
             partitions = await asyncio.wait_for(producer.partitions_for(topic), CHECK_S)
         except Exception as exc:  # noqa: BLE001 - any failed lookup means "not now"
-            clients.forget_topic(producer, topic)  # no metadata ERROR line every few seconds
+            clients.forget_topic(producer, topic, keep=self.keep)  # no metadata ERROR line every few seconds
             return self._wait(topic, _why(exc))
         if not partitions:
             return self._wait(topic, "it has no partitions")

@@ -157,7 +157,7 @@ class PartitionTicker:
 
         self.defs_tp = TopicPartition(ctx.catalog.definitions_topic, self.p)
         self.wake = asyncio.Event()
-        self.targets = Targets(ctx.metrics, self.p,
+        self.targets = Targets(ctx.metrics, self.p, keep=ctx.catalog.state_topic,
                                probe=lambda topic: partition_count(ctx.bootstrap, topic))
         """Targets this partition cannot write now: their schedules wait (schedules/targets.py)."""
 

@@ -26,7 +26,7 @@ from streamsched.model.jsonval import json_loads
 
 T = TypeVar("T")
 
-FAST_FAILOVER_ENV = {"STREAMSCHED_SESSION_TIMEOUT_MS": "3000", "STREAMSCHED_HEARTBEAT_MS": "500"}
+FAST_FAILOVER_ENV = {"STREAMSCHED_SESSION_TIMEOUT": "3s", "STREAMSCHED_HEARTBEAT": "0.5s"}
 """Worker settings the fixtures start with: a killed worker's partitions move within seconds."""
 
 

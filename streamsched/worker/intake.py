@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from streamsched import settings
 from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import apply, partition_counts
@@ -37,7 +38,6 @@ from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPoli
 from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
 from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S
 from streamsched.metrics import Metrics
-from streamsched.model.durations import parse_duration
 from streamsched.model.names import transactional_id
 from streamsched.wire.delay import due_ns
 from streamsched.worker.app import SchedulerDef
@@ -329,16 +329,21 @@ def worker_config_from_env(bootstrap: clients.Conn | None = None, *, default_sto
     bs = bootstrap or os.environ.get("STREAMSCHED_BOOTSTRAP")
     if not bs:
         raise ConfigError("no bootstrap servers: pass --bootstrap or set STREAMSCHED_BOOTSTRAP")
-    for key, env, kind in (("session_timeout_ms", "STREAMSCHED_SESSION_TIMEOUT_MS", int),
-                           ("heartbeat_interval_ms", "STREAMSCHED_HEARTBEAT_MS", int),
-                           ("commit_interval_s", "STREAMSCHED_COMMIT_INTERVAL_S", float),
-                           ("store_dir", "STREAMSCHED_STORE_DIR", str),
-                           ("store_cache_bytes", "STREAMSCHED_STORE_CACHE_BYTES", int),
-                           ("outcome_horizon_s", "STREAMSCHED_OUTCOME_HORIZON", parse_duration)):
-        if env in os.environ and key not in overrides:
-            overrides[key] = kind(os.environ[env])
+    # Parsed by the declared table (streamsched.settings): durations in any unit, the deprecated
+    # *_MS/*_S names still read; an empty variable is unset (STORE_DIR= is not "here").
+    for key, env, scale in (("session_timeout_ms", "STREAMSCHED_SESSION_TIMEOUT", 1000),
+                            ("heartbeat_interval_ms", "STREAMSCHED_HEARTBEAT", 1000),
+                            ("commit_interval_s", "STREAMSCHED_COMMIT_INTERVAL", None),
+                            ("store_dir", "STREAMSCHED_STORE_DIR", None),
+                            ("store_cache_bytes", "STREAMSCHED_STORE_CACHE_BYTES", None),
+                            ("outcome_horizon_s", "STREAMSCHED_OUTCOME_HORIZON", None)):
+        if key in overrides:
+            continue
+        value = settings.value(env)
+        if value is not None:
+            overrides[key] = round(value * scale) if scale else value
     if not overrides.get("store_dir", True):
-        del overrides["store_dir"]  # STREAMSCHED_STORE_DIR= (empty) means unset, not "here"
+        del overrides["store_dir"]
     if default_store and "store_dir" not in overrides:
         overrides["store_dir"] = str(default_store_dir())
     store_dir = overrides.get("store_dir")

@@ -3,7 +3,10 @@
 Each case: produce events with duplicates, run a worker armed to SIGKILL itself at the second
 pass of a failpoint, audit that the committed offset is not ahead of stored outcomes, restart a
 clean worker, and audit: every event resolved, exactly one effect per identity, fences strictly
-increasing per identity.
+increasing per identity, and no identity executed again once its outcome was stored. The ledger
+of ``due_runs`` keeps one effect row per key, so that last check counts its accepted calls: a
+call repeated because the crash came between effect and outcome is allowed (at-least-once), a
+call under a claim taken after the outcome was stored is not (see consumers.harness.Executions).
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ async def test_crash_at_failpoint(bootstrap: str, tmp_path: Path, kind: str, poi
     assert result.missing == 0, result
     assert result.extra_effects == 0, result
     assert result.effects == result.unique == 24, result
+    assert result.reexecuted == () and result.unbacked == (), result
+    assert result.calls >= result.unique, result
+    if kind == "pipelines":  # Kafka-native: effect and outcome commit together, never repeated
+        assert result.calls == result.unique and result.retried == 0, result
     assert result.fences_ok, result
     assert result.all_released, result
     assert await unresolved_below_commit(bootstrap, wf) == []

@@ -19,10 +19,10 @@ from consumers.harness import (
     CRASH_ENV,
     audit,
     claim_history,
+    ledger_calls,
     seeded_workflow,
     unresolved_below_commit,
 )
-from consumers.ledger import Ledger
 from streamsched.kafka.reads import group_lag, read_topic
 from streamsched.testing import WorkerProcess, wait_drained
 
@@ -52,17 +52,13 @@ async def test_restart_from_local_store_reads_only_the_tail(bootstrap: str, tmp_
     assert (await group_lag(bootstrap, wf.group, wf.topic)).total > 0, "the crash left nothing to do"
     state_records = len(await read_topic(bootstrap, wf.state_topic))
     assert state_records >= 70, "the crash came before the store held anything"
-    # The ledger counts every accepted call (its effects table dedupes by key, so it cannot
-    # show a re-execution). An identity whose outcome was committed before the crash must see
-    # no new call: a store that lost it would run the command again with a higher fence.
+    # The ledger's effects table dedupes by key, so it cannot show a re-execution; its accepted
+    # calls can. An identity whose outcome was committed before the crash must see no new call:
+    # a store that lost it would run the command again with a higher fence.
     resolved = {identity for identity, states in (await claim_history(bootstrap, wf)).items()
                 if any(st.outcome is not None for st in states)}
     assert len(resolved) >= 30, "too few outcomes committed before the crash to prove anything"
-
-    def accepted_calls() -> Counter[str]:
-        return Counter(key for key, _fence, accepted in Ledger(wf.ledger).calls() if accepted)
-
-    before = accepted_calls()
+    before = Counter(c.key for c in ledger_calls(wf.ledger))
 
     survivor = WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=tmp_path / "survivor.log").start()
     try:
@@ -70,7 +66,7 @@ async def test_restart_from_local_store_reads_only_the_tail(bootstrap: str, tmp_
     finally:
         assert survivor.terminate() == 0
 
-    after = accepted_calls()
+    after = Counter(c.key for c in ledger_calls(wf.ledger))
     rerun = sorted(key for key in resolved if after[key] != before[key])
     assert rerun == [], f"{len(rerun)} identities with a stored outcome executed again"
     assert sum(after.values()) > sum(before.values()), "the restart executed nothing at all"
@@ -87,6 +83,7 @@ async def test_restart_from_local_store_reads_only_the_tail(bootstrap: str, tmp_
     result = await audit(bootstrap, wf, events)
     assert result.missing == 0, result
     assert result.extra_effects == 0, result
+    assert result.reexecuted == () and result.unbacked == (), result
     assert result.effects == result.unique == 120, result
     assert result.fences_ok, result
     assert result.all_released, result

@@ -36,7 +36,7 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     ns = uuid.uuid4().hex[:6]
     return {"OPERATOR_SCHED": f"rdc_{ns}", "OPERATOR_TOPIC": f"rdc-{ns}",
             "OPERATOR_RUNS_FILE": str(tmp_path / "runs"), "OPERATOR_FAIL_FILE": str(tmp_path / "bug"),
-            "STREAMSCHED_SESSION_TIMEOUT_MS": "6000", **extra}
+            "STREAMSCHED_SESSION_TIMEOUT": "6s", **extra}
 
 
 async def _scheduler(bootstrap: str, env: dict[str, str], tmp_path: Path, partitions: int) -> SchedulerDef:

@@ -17,7 +17,7 @@ from streamsched.testing import WorkerProcess, wait_for
 from streamsched.wire.transition import decode_transition
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.schedules]
-ENV = {"STREAMSCHED_SESSION_TIMEOUT_MS": "3000", "STREAMSCHED_HEARTBEAT_MS": "500"}
+ENV = {"STREAMSCHED_SESSION_TIMEOUT": "3s", "STREAMSCHED_HEARTBEAT": "0.5s"}
 NAMES = [f"s{i}" for i in range(6)]
 
 

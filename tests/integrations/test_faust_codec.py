@@ -1,6 +1,7 @@
 """The Faust codec and routing, without a broker: the same bytes, key and partition as the Producer.
 
-The module must import without Faust; the codec tests need faust-streaming and skip without it.
+The module must import without Faust; the codec tests need faust-streaming and skip without it
+(fail under ``CI=true``: tests/components.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 import time
 
 import pytest
+from components import needs
 
 from streamsched.errors import BoundExceeded, ConfigError, DecodeError
 from streamsched.integrations import faust as sf
@@ -19,7 +21,8 @@ from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition
 
 HAS_FAUST = importlib.util.find_spec("faust") is not None
-needs_faust = pytest.mark.skipif(not HAS_FAUST, reason="faust-streaming is not installed")
+needs_faust = needs("faust", "faust-streaming is not installed (pip install 'streamsched[faust]')",
+                    found=HAS_FAUST)
 
 
 def _event() -> TransitionEvent:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from components import require_module
 
 from consumers.harness import Workflow, create_topics
 from consumers.ledger import Ledger
@@ -36,7 +37,7 @@ from streamsched.testing.kit import FAST_FAILOVER_ENV
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition
 
-pytest.importorskip("faust", reason="faust-streaming is not installed (pip install 'streamsched[faust]')")
+require_module("faust", "faust-streaming is not installed (pip install 'streamsched[faust]')")
 
 PARTITIONS = 4
 JOBS = 12

@@ -177,6 +177,8 @@ async def test_forget_topic_replaces_the_clients_topic_set_but_never_empties_it(
         assert producer.client._topics == {"b"}
         compat.forget_topic(producer, "b")
         assert producer.client._topics == {"b"}  # empty would mean "every topic"
+        compat.forget_topic(producer, "b", keep="state")  # a topic the caller writes anyway
+        assert producer.client._topics == {"state"}
     finally:
         await producer.stop()
 

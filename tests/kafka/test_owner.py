@@ -46,6 +46,7 @@ class FakeProducer:
         self.world.started[self.partition] += 1
 
     async def stop(self) -> None:
+        self.world.stops_begun[self.partition] += 1
         await asyncio.sleep(self.world.stop_delay_s)
         self.world.live[self.partition].discard(self)
         self.live = False
@@ -66,6 +67,7 @@ class World:
         self.fail_restore: set[int] = set()
         self.fail_run: dict[int, type[BaseException]] = {}
         self.restores: dict[int, int] = defaultdict(int)
+        self.stops_begun: dict[int, int] = defaultdict(int)
 
     def live_count(self, partition: int) -> int:
         return len(self.live[partition])
@@ -149,8 +151,9 @@ async def test_revoke_during_restart_raises_nothing_and_starts_nothing() -> None
     world.fail_run[0] = RuntimeError
     world.stop_delay_s = 0.2  # the restart path is suspended in the old producer's stop
     await until(lambda: owners.get(0) is not None and owners.get(0).crashed, "crash")  # type: ignore[union-attr]
+    stops = world.stops_begun[0]
     restart = asyncio.create_task(owners.supervise())
-    await asyncio.sleep(0.05)
+    await until(lambda: world.stops_begun[0] > stops, "the restart to reach the old producer's stop")
     assert not restart.done()
     await owners.revoke([0])  # the listener, while the restart awaits: it waits for the lock
     await restart  # no KeyError

@@ -207,7 +207,7 @@ def test_a_ticker_ignores_the_workers_claim_store_directory(monkeypatch: pytest.
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("STREAMSCHED_STORE_DIR", str(blocker / "stores"))
-    monkeypatch.setenv("STREAMSCHED_SESSION_TIMEOUT_MS", "7000")
+    monkeypatch.setenv("STREAMSCHED_SESSION_TIMEOUT", "7s")
     config = ticker_config("127.0.0.1:9092")
     assert config.session_timeout_ms == 7000
     assert not (blocker.parent / "stores").exists()
@@ -231,3 +231,11 @@ def test_a_bad_numeric_variable_is_a_usage_error_only_for_the_command_that_reads
         main(["run", "--app", "consumers.due_runs:app", "--bootstrap", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert run.value.code == 2 and says in err and "Traceback" not in err
+
+
+def test_a_closed_output_pipe_stops_quietly(capsys: pytest.CaptureFixture[str]) -> None:
+    # `streamsched completion bash | head -1`: the reader left early; that is not "Kafka is
+    # unreachable" (BrokenPipeError is a ConnectionError) and not an error at all.
+    assert cli.report_failure(BrokenPipeError(32, "Broken pipe")) == 0
+    assert capsys.readouterr().err == ""
+    assert cli.report_failure(ExceptionGroup("run", [KafkaConnectionError(), BrokenPipeError()])) == 3

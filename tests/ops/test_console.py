@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession, CookieJar
 from aiohttp.test_utils import TestClient, TestServer
+from components import require_module, require_program
 from yarl import URL
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
@@ -328,15 +329,13 @@ async def _handle(turn: Turn) -> None:
 
 def _browser() -> Any:
     """Headless Chromium through chromedriver (Debian's packages: `make chromium`)."""
-    selenium = pytest.importorskip("selenium", reason="selenium is not installed (pip install selenium)")
-    del selenium
+    require_module("selenium", "selenium is not installed (pip install selenium)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.skip("chromium or chromedriver is missing (`make chromium` installs them where apt is)")
+    chromium = shutil.which("chromium") or require_program(
+        "chromium-browser", "neither chromium nor chromium-browser on PATH (`make chromium` installs it)")
+    driver = require_program("chromedriver", "`make chromium` installs it where apt is")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1180",

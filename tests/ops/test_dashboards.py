@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -15,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 import yaml
+from components import require_program
 from prom_text import parse_prometheus
 
 from streamsched.kafka.admin import TopicSpec, apply
@@ -62,10 +61,7 @@ def names(exprs: list[str]) -> set[str]:
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool not found: `make promtool` installs it (Debian package `prometheus`)")
-    return path
+    return require_program("promtool", "`make promtool` installs it (Debian package `prometheus`)")
 
 
 def run_promtool(*args: str | Path) -> str:

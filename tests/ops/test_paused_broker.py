@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from consumers.harness import Workflow, audit, build_events, produce
+from consumers.harness import Workflow, audit, build_events, claim_history, judge_calls, produce
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import group_lag
@@ -206,8 +206,8 @@ async def test_worker_drains_within_seconds_after_a_paused_broker(cluster3: Loca
     await produce(bootstrap, wf, before)
     log = tmp_path / "worker.log"
     worker = WorkerProcess(wf.app_ref, bootstrap, log_path=log, env={
-        **wf.env, "STREAMSCHED_CLAIM_DURATION_S": "5", "STREAMSCHED_SESSION_TIMEOUT_MS": "6000",
-        "STREAMSCHED_HEARTBEAT_MS": "1000"}).start()
+        **wf.env, "STREAMSCHED_CLAIM_DURATION_S": "5", "STREAMSCHED_SESSION_TIMEOUT": "6s",
+        "STREAMSCHED_HEARTBEAT": "1s"}).start()
     try:
         await wait_drained(bootstrap, wf.group, wf.topic, timeout=120)
         # Pause the group's coordinator: the member must rejoin and re-resolve its positions,
@@ -245,6 +245,8 @@ async def test_worker_drains_within_seconds_after_a_paused_broker(cluster3: Loca
     result = await audit(bootstrap, wf, events)
     assert result.missing == 0 and result.extra_effects == 0, result
     assert result.effects == result.unique == 90, result
+    # Calls whose outcome the pause kept from being stored may be repeated; none that was stored.
+    assert result.reexecuted == () and result.unbacked == (), result
 
 
 async def test_a_transaction_a_paused_broker_holds_is_given_up_at_its_deadline(
@@ -331,3 +333,8 @@ async def test_a_transaction_a_paused_broker_holds_is_given_up_at_its_deadline(
             cluster3.kill_node(victim, signal.SIGCONT)
         await wait_drained(cluster3.bootstrap, sched.group, topic, timeout=RECOVERY_S)
     assert set(rec.per_identity()) == rec.identities(before + during)
+    # The given-up transaction's effects ran without a stored outcome and may run again; an
+    # identity whose outcome was stored must not.
+    judged = judge_calls([(c.idempotency_key, c.fence) for c in rec.calls],
+                         await claim_history(cluster3.bootstrap, sched.state_topic))
+    assert judged.after_outcome == {} and judged.unbacked == [], judged

@@ -42,8 +42,8 @@ from streamsched.ops.replay_verify import LONG_RANGE, IdentityReplay, progress_b
 from streamsched.testing import WorkerProcess, make_event, wait_drained, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER_ENV = {"STREAMSCHED_SESSION_TIMEOUT_MS": "3000", "STREAMSCHED_HEARTBEAT_MS": "500",
-              "STREAMSCHED_COMMIT_INTERVAL_S": "0"}
+WORKER_ENV = {"STREAMSCHED_SESSION_TIMEOUT": "3s", "STREAMSCHED_HEARTBEAT": "0.5s",
+              "STREAMSCHED_COMMIT_INTERVAL": "0s"}
 
 
 # --- pure: parsing and arithmetic --------------------------------------------------------------------

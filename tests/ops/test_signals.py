@@ -3,7 +3,6 @@ once, and a SIGINT while the process is still starting is a clean stop, not a tr
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 import uuid
@@ -29,6 +28,35 @@ pathlib.Path(os.environ["SLOW_APP_MARKER"]).write_text("importing")
 time.sleep(float(os.environ.get("SLOW_APP_IMPORT_S", "3")))
 from consumers.due_runs import app
 '''
+
+
+def signal_handled(pid: int, sig: int) -> bool:
+    """``sig`` is no longer pending for ``pid`` and its main thread is asleep again.
+
+    Standard signals do not queue: a second one sent while the first is still pending merges
+    into it. The kernel clears the pending bit when it delivers the signal, and the main thread
+    (which the handler runs on) is only asleep again once the handler returned, so after this a
+    second signal is a second signal. Linux only (/proc).
+    """
+    bit = 1 << (sig - 1)
+    fields: dict[str, str] = {}
+    try:
+        for path in (f"/proc/{pid}/status", f"/proc/{pid}/task/{pid}/status"):
+            for line in Path(path).read_text().splitlines():
+                name, _, value = line.partition(":")
+                fields[f"{path}:{name}"] = value.strip()
+    except FileNotFoundError:
+        return False  # exited: the caller's exit-code check says why
+    pending = [int(v, 16) for k, v in fields.items() if k.endswith((":SigPnd", ":ShdPnd"))]
+    asleep = fields.get(f"/proc/{pid}/task/{pid}/status:State", "").startswith("S")
+    return not any(p & bit for p in pending) and asleep
+
+
+async def wait_handled(worker: WorkerProcess, sig: int) -> None:
+    async def handled() -> bool:
+        return signal_handled(worker.pid, sig) or not worker.alive()
+
+    await wait_for(handled, timeout=10, interval=0.02, what=f"signal {sig} to be handled")
 
 
 def slow_worker(wf: Workflow, bootstrap: str, tmp_path: Path, marker: Path) -> WorkerProcess:
@@ -65,7 +93,7 @@ async def test_second_sigint_during_start_up_exits_at_once(bootstrap: str, tmp_p
 
     await wait_for(importing, timeout=30, interval=0.05, what="the app import to begin")
     worker.signal(signal.SIGINT)
-    await asyncio.sleep(0.3)  # standard signals do not queue: two sent at once may merge into one
+    await wait_handled(worker, signal.SIGINT)  # two sent at once may merge into one
     worker.signal(signal.SIGINT)
     assert await worker.wait_exit(timeout=10) == 128 + signal.SIGINT
     log = (tmp_path / "w.log").read_text(errors="replace")
@@ -86,8 +114,12 @@ async def test_second_sigterm_stops_without_draining(bootstrap: str, tmp_path: P
 
     await wait_for(claimed, timeout=60, interval=0.1, what="claims in flight")
     worker.signal(signal.SIGTERM)
-    await asyncio.sleep(0.5)  # signals do not queue: let the first be handled before the second
-    assert worker.alive(), "the first signal must drain, not exit"
+    await wait_handled(worker, signal.SIGTERM)  # signals do not queue: the first, then the second
+    # The first signal drains: the in-flight 20 s commands keep the worker up to the 10 s
+    # shutdown deadline. A worker that exits at once is gone within this second (the only
+    # window here: it asserts an absence, nothing waits on it).
+    with pytest.raises(TimeoutError):
+        await worker.wait_exit(timeout=1)
     started = time.monotonic()
     worker.signal(signal.SIGTERM)
     assert await worker.wait_exit(timeout=30) == 128 + signal.SIGTERM

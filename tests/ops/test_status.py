@@ -235,8 +235,10 @@ async def test_stop_closes_open_connections() -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
     writer.write(b"GET /status")
     await writer.drain()
-    await asyncio.sleep(0.05)
     async with asyncio.timeout(5):
+        assert srv._runner is not None
+        while not srv._runner.server.connections:  # until the server accepted it
+            await asyncio.sleep(0.005)
         await srv.stop()
         assert await reader.read() == b""
     writer.close()

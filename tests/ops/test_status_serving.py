@@ -18,7 +18,7 @@ from streamsched.schedules.ticker import Ticker
 from streamsched.testing import WorkerProcess, wait_for
 from streamsched.worker.intake import Worker
 
-ENV = {"STREAMSCHED_SESSION_TIMEOUT_MS": "6000", "STREAMSCHED_HEARTBEAT_MS": "1000"}
+ENV = {"STREAMSCHED_SESSION_TIMEOUT": "6s", "STREAMSCHED_HEARTBEAT": "1s"}
 
 
 async def get(url: str) -> tuple[int, str]:

@@ -4,7 +4,9 @@ The server is started by the tests themselves (initdb + pg_ctl from the PostgreS
 in a fresh temporary directory, on a free loopback port, with trust authentication and its unix
 socket in that directory; it is stopped on teardown. PostgreSQL refuses to run as root, so when
 the tests run as root the server runs as ``nobody`` (``runuser``) over a directory it owns. No
-mock and no shared system server: the skip below only fires where the binaries are absent.
+mock and no shared system server. The binaries are looked up in ``STREAMSCHED_PG_BIN``, then
+Debian's /usr/lib/postgresql/15/bin, then on PATH; where none has them (or psycopg is not
+installed) the PostgreSQL cases skip, and fail under ``CI=true`` (tests/components.py).
 """
 
 from __future__ import annotations
@@ -21,9 +23,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from components import require, require_module, require_program
 from outbox_support import Backend
 
-PG_BIN = Path(os.environ.get("STREAMSCHED_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PG_DIRS = [d for d in (os.environ.get("STREAMSCHED_PG_BIN"), "/usr/lib/postgresql/15/bin") if d]
+"""Where the PostgreSQL server binaries are looked for before PATH."""
+
+
+def pg_bin() -> Path:
+    """The directory holding both ``initdb`` and ``pg_ctl`` (see :data:`PG_DIRS`), or
+    :func:`~components.require`."""
+    on_path = shutil.which("initdb")
+    for d in [*map(Path, PG_DIRS), *([Path(on_path).parent] if on_path else [])]:
+        if all((d / tool).is_file() and os.access(d / tool, os.X_OK) for tool in ("initdb", "pg_ctl")):
+            return d
+    require("PostgreSQL server binaries", f"initdb and pg_ctl are in none of {PG_DIRS} nor on PATH "
+            "(Debian: apt-get install postgresql-15; or set STREAMSCHED_PG_BIN)")
 
 
 def _free_port() -> int:
@@ -35,9 +50,8 @@ def _free_port() -> int:
 def _as_server_user(cmd: list[str]) -> list[str]:
     if os.geteuid() != 0:
         return cmd
-    runuser = shutil.which("runuser")
-    if runuser is None:
-        pytest.skip("running as root without runuser: cannot start PostgreSQL as an unprivileged user")
+    runuser = require_program("runuser", "running as root, PostgreSQL must be started as an "
+                              "unprivileged user (util-linux's runuser)")
     return [runuser, "-u", "nobody", "--", *cmd]
 
 
@@ -53,9 +67,8 @@ def _run(cmd: list[str], log: Path) -> None:
 @pytest.fixture(scope="session")
 def postgres_dsn() -> Iterator[str]:
     """``postgresql://postgres@127.0.0.1:<port>/postgres`` of a server started for this session."""
-    if not (PG_BIN / "initdb").exists() or not (PG_BIN / "pg_ctl").exists():
-        pytest.skip(f"PostgreSQL server binaries not found in {PG_BIN} (set STREAMSCHED_PG_BIN)")
-    pytest.importorskip("psycopg", reason="psycopg 3 is not installed (pip install 'streamsched[postgres]')")
+    pg = pg_bin()
+    require_module("psycopg", "psycopg 3 is not installed (pip install 'streamsched[postgres]')")
     # Under /tmp (world-traversable), not pytest's tmp dir (mode 0700, owned by root), because
     # the server may run as nobody.
     base = Path(tempfile.mkdtemp(prefix="streamsched-pg-"))
@@ -63,11 +76,11 @@ def postgres_dsn() -> Iterator[str]:
     if os.geteuid() == 0:
         shutil.chown(base, "nobody", "nogroup" if _group_exists("nogroup") else "nobody")
     try:
-        _run(_as_server_user([str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
+        _run(_as_server_user([str(pg / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
                               "-E", "UTF8", "--locale=C", "--no-sync"]), base / "initdb.log")
         port = _free_port()
         opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50"
-        _run(_as_server_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60",
+        _run(_as_server_user([str(pg / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60",
                               "-o", opts, "start"]), base / "pg_ctl.log")
     except BaseException:
         shutil.rmtree(base, ignore_errors=True)
@@ -76,7 +89,7 @@ def postgres_dsn() -> Iterator[str]:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
         with contextlib.suppress(Exception):
-            _run(_as_server_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
+            _run(_as_server_user([str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
                                   "-t", "60", "stop"]), base / "pg_ctl.log")
         shutil.rmtree(base, ignore_errors=True)
 
@@ -96,9 +109,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "sqlite":
         path = tmp_path / "service.db"
         return Backend("sqlite", f"sqlite:///{path}", lambda: sqlite3.connect(path, timeout=30))
+    dsn: str = request.getfixturevalue("postgres_dsn")  # skips (fails under CI) without psycopg
     import psycopg
 
-    dsn: str = request.getfixturevalue("postgres_dsn")
     return Backend("postgresql", dsn, lambda: psycopg.connect(dsn))
 
 

@@ -216,13 +216,37 @@ async def test_a_last_attempt_that_never_reports_is_buried_as_lease_expired(back
         assert (await outbox.counts()).dead_by_kind == {"lease_expired": 1}
 
 
-async def test_a_delivery_past_its_lease_is_cancelled_and_retried(backend: Backend, table: str) -> None:
+class DeadlineSpy:
+    """``asyncio`` as streamsched.outbox.core sees it, recording each ``wait_for`` timeout."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def wait_for(self, aw: Any, timeout: float) -> Any:
+        self.timeouts.append(timeout)
+        return await asyncio.wait_for(aw, timeout)
+
+
+async def test_a_delivery_past_its_lease_is_cancelled_and_retried(
+        backend: Backend, table: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamsched.outbox import core
+
+    spy = DeadlineSpy()
+    monkeypatch.setattr(core, "asyncio", spy)
     async with prepare(backend, table, policy=FAST, lease_s=1) as outbox:
         enqueue(backend, outbox, [make_event("due", "acme", ["slow"])])
         deliver = Recorder(delay=30)
         t0 = time.monotonic()
         assert await outbox.run_once("relay", deliver)
-        assert time.monotonic() - t0 < 1.0  # cancelled inside its lease, not after
+        # Cancelled inside its lease, not after: the delivery's deadline, counted from before the
+        # claim, ends before the 1 s lease does (whatever the machine's speed), ...
+        [timeout] = spy.timeouts
+        assert 0 < timeout <= 0.9
+        # ... and it was cancelled there, not left to its 30 s (only a long stall breaks this).
+        assert time.monotonic() - t0 < 15
         assert deliver.active == set()
         assert outbox.metrics.counters["outbox_retries{kind=timeout}"] == 1
         deliver.delay = 0

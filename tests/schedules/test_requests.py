@@ -23,7 +23,7 @@ from streamsched.schedules.catalog import Catalog
 from streamsched.schedules.manual import BackfillTooLarge
 from streamsched.testing import ROOT
 from streamsched.worker.intake import Worker, WorkerConfig
-from tests.schedules.test_schedules import Clock, occurrences, ticking, until
+from tests.schedules.test_schedules import Clock, occurrences, same_partition, ticking, until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.schedules]
 S = 10**9
@@ -105,9 +105,12 @@ async def test_trigger_and_backfill_run_each_identity_once(catalog: Catalog, mak
 
 async def test_a_request_made_while_no_ticker_runs_fires_once_across_restarts(catalog: Catalog,
                                                                               make_topic) -> None:
-    target = await make_topic("occ")
+    target, beats = await make_topic("occ"), await make_topic("beat")
     clock = Clock(1_800_000_000 * S)
     await catalog.schedule("job", "@every 1h", target)
+    # A sentinel on job's partition: its occurrence at a time proves a tick at that time.
+    beat = same_partition(catalog, "job")
+    await catalog.schedule(beat, "@every 1s", beats)
     async with ticking(catalog, clock):
         await until(lambda: _state(catalog), "state")
     # No ticker runs now; the command line's receipt names the occurrence.
@@ -124,7 +127,8 @@ async def test_a_request_made_while_no_ticker_runs_fires_once_across_restarts(ca
     async with ticking(catalog, clock):  # restored: the request is applied, not pending
         await until(lambda: _state(catalog), "state")
         clock.now += S
-        await asyncio.sleep(1.0)  # ticks in which it must not fire again
+        # A tick of the restored ticker, at a later time, in which it must not fire again.
+        await until(lambda: _fired(catalog.bootstrap, beats, f"{beat}.v1/{clock.now}"), "a later tick")
     assert await occurrences(catalog.bootstrap, target) == [manual_id]
 
 

@@ -90,17 +90,26 @@ async def test_downtime_of_100_boundaries_catches_up_64_then_skips(catalog: Cata
 
 
 async def test_disable_enable_reset_and_unschedule(catalog: Catalog, make_topic) -> None:
-    target = await make_topic("occ")
+    target, beats = await make_topic("occ"), await make_topic("beat")
     clock = Clock(T0)
     await catalog.schedule("job", "@every 10s", target)
+    # A sentinel on job's partition: once its occurrence for a time is committed, that
+    # partition's ticker has planned at that time, so a "must not fire" window is proven by a
+    # tick that happened rather than by sleeping.
+    beat = same_partition(catalog, "job")
+    await catalog.schedule(beat, "@every 10s", beats)
+
+    async def ticked_at(ns: int) -> bool:
+        return f"{beat}.v1/{ns}" in await occurrences(catalog.bootstrap, beats)
+
     async with ticking(catalog, clock):
-        await until(lambda: _has_states(catalog, 1), "state")
+        await until(lambda: _has_states(catalog, 2), "state")
         clock.now = T0 + 30 * S
         await until(lambda: _fired(catalog, {"job": 3}), "three fires")
         assert await catalog.disable("job")
         await until(lambda: _status(catalog, "job", ScheduleStatus.DISABLED), "disabled")
         clock.now = T0 + 60 * S
-        await asyncio.sleep(0.5)  # the ticker gets ticks in which it must not fire
+        await until(lambda: ticked_at(T0 + 60 * S), "a tick at +60 s (job disabled)")
         assert await catalog.enable("job")
         await until(lambda: _status(catalog, "job", ScheduleStatus.ACTIVE, version=3), "re-enabled")
         clock.now = T0 + 70 * S
@@ -109,10 +118,19 @@ async def test_disable_enable_reset_and_unschedule(catalog: Catalog, make_topic)
         assert not await catalog.unschedule("job")
         await until(lambda: _no_state(catalog, "job"), "state removed")
         clock.now = T0 + 200 * S
-        await asyncio.sleep(0.5)
+        await until(lambda: ticked_at(T0 + 200 * S), "a tick at +200 s (job removed)")
     fired = await occurrences(catalog.bootstrap, target)
     # v1 fired 10, 20, 30; the disabled pause (40..60) was not caught up; v3 fired 70 only.
     assert fired == [f"job.v1/{T0 + k * S}" for k in (10, 20, 30)] + [f"job.v3/{T0 + 70 * S}"]
+
+
+def same_partition(catalog: Catalog, name: str) -> str:
+    """A schedule name the catalog places on ``name``'s partition (the same partition ticker)."""
+    from streamsched.kafka.writer import partition_for_key
+
+    want = partition_for_key(name.encode(), catalog.partitions)
+    return next(f"beat-{i}" for i in range(1000)
+                if partition_for_key(f"beat-{i}".encode(), catalog.partitions) == want)
 
 
 async def test_one_time_job_completes_or_fails_with_history(catalog: Catalog, make_topic, unique) -> None:

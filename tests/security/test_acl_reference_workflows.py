@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from role_support import cli, load_reference, plan_keys
 
+from consumers.harness import claim_history, judge_calls, ledger_calls, timed_claim_history
 from consumers.ledger import Ledger
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import read_topic
@@ -79,7 +80,18 @@ async def test_a_reference_workflow_runs_end_to_end_with_exactly_its_planned_acl
         if workflow == "due_runs":
             assert sorted(got) == sorted(targets)
             # Only accepted calls: the external command never saw a stale fence.
-            assert all(accepted for _idem, _fence, accepted in Ledger(env["STREAMSCHED_LEDGER"]).calls())
+            ledger = Path(env["STREAMSCHED_LEDGER"])
+            assert all(accepted for _idem, _fence, accepted in Ledger(ledger).calls())
+            # Executed once each: the effects table keeps one row per key, so count the calls,
+            # and judge them against the outcomes the state topic stored.
+            async def stored() -> bool:  # the outcomes commit just after the ledger's calls
+                history = await claim_history(admin, s.state_topic)
+                return sum(1 for states in history.values() if states[-1].outcome is not None) >= EVENTS
+
+            await wait_for(stored, timeout=60, what="every outcome stored")
+            judged = judge_calls(ledger_calls(ledger), *await timed_claim_history(admin, s.state_topic))
+            assert sorted(judged.calls.values()) == [1] * EVENTS, judged
+            assert judged.after_outcome == {} and judged.unbacked == [], judged
     finally:
         code = worker.terminate()
     assert code == 0, worker.log_tail()

@@ -35,6 +35,7 @@ from streamsched.outbox.deliver import KafkaDelivery
 from streamsched.schedules.catalog import Catalog
 from streamsched.testing import ROOT, WorkerProcess, make_event, wait_for
 from streamsched.wire.partitioner import partition_for_key
+from streamsched.wire.transition import decode_transition
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -210,6 +211,21 @@ async def test_a_ticker_runs_with_exactly_its_planned_acls(ticker_role: TickerRo
 
         await wait_for(fired_and_committed, timeout=120,
                        what="the ticker to fire and commit feedback offsets under its own principal")
+
+        # Long enough for two more metadata refreshes to have logged, were the stray topic still
+        # looked up with them: a tick observed that many refresh intervals after the first line.
+        async def first_refusal() -> bool:
+            return bool(refusals(log.read_text(errors="replace")))
+
+        await wait_for(first_refusal, timeout=30, what="the stray topic's refused lookup in the log")
+        later = refusals(log.read_text(errors="replace"))[0].timestamp() + 2.5 * REFRESH_S
+
+        async def ticked_later() -> bool:
+            assert ticker.alive(), ticker.log_tail()
+            fired = [decode_transition(rec.value).due_ns for rec in await read_topic(r.admin, r.target)]
+            return max(fired) / 1e9 >= later
+
+        await wait_for(ticked_later, timeout=60, what="a tick two refresh intervals after the refusal")
     finally:
         code = ticker.terminate()
     assert code == 0, ticker.log_tail()
@@ -221,9 +237,21 @@ async def test_a_ticker_runs_with_exactly_its_planned_acls(ticker_role: TickerRo
     assert "AuthorizationFailed" not in text
     # ...at its first lookup only, not on every metadata refresh (every 5 s) while it waits: the
     # producer forgets the topic and later lookups are admin requests (schedules/targets.py).
-    stamps = [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f") for line in text.splitlines()
-              if "not authorized for this client" in line]
-    assert stamps and (stamps[-1] - stamps[0]).total_seconds() < 2, stamps
+    # All its lines come from that first lookup: none a refresh interval or more after the first.
+    stamps = refusals(text)
+    assert stamps, text[-3000:]
+    late = [s for s in stamps if (s - stamps[0]).total_seconds() >= REFRESH_S]
+    assert not late, stamps
+
+
+REFRESH_S = clients.METADATA_MAX_AGE_MS / 1000
+"""How often a client refreshes its metadata (a lookup of every topic it knows)."""
+
+
+def refusals(log_text: str) -> list[datetime]:
+    """When the log says a topic is "not authorized for this client" (local time, as logged)."""
+    return [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f") for line in log_text.splitlines()
+            if "not authorized for this client" in line]
 
 
 @pytest.mark.parametrize("where", ["undeclared topic", "its definitions topic"])

@@ -23,10 +23,20 @@ async def test_long_retry_parks_and_returns_without_blocking(bootstrap: str, mak
     app = App("t")
     name = unique("s").replace("-", "_")
     attempts: list[tuple[str, int, str, float]] = []
+    past_flaky = asyncio.Event()  # the healthy items ran and the offset moved past the flaky one
+    held_up: list[int] = []
 
     @external_command()
     async def work(ctx: CommandContext, *, target: str) -> None:
         attempts.append((target, ctx.attempt, ctx.idempotency_key, time.monotonic()))
+        if target == "flaky" and ctx.attempt >= 2 and not past_flaky.is_set():
+            # Its retries wait until the healthy items behind it ran and were committed: that
+            # happens meanwhile unless they are held up behind this item (then this times out),
+            # however slow the machine (no race between the backoff and the healthy items).
+            try:
+                await asyncio.wait_for(past_flaky.wait(), 30)
+            except TimeoutError:
+                held_up.append(ctx.attempt)
         if target == "flaky" and ctx.attempt < 3:
             raise Retryable("not yet")
 
@@ -49,10 +59,11 @@ async def test_long_retry_parks_and_returns_without_blocking(bootstrap: str, mak
             lag = await group_lag(bootstrap, sched.group, topic)
             return lag.total == 0 and sum(1 for a in attempts if a[0].startswith("ok-")) == 20
 
-        # The 20 healthy items finish, and the offset moves past the flaky one, long before its
-        # retries (2 x 2.5 s) are done.
+        # The 20 healthy items finish, and the offset moves past the flaky one, before its
+        # retries are done (they wait for this).
         await wait_for(healthy_done_and_committed, timeout=30, what="healthy items past the failing one")
-        assert [a[1] for a in attempts if a[0] == "flaky"] == [1]
+        assert not any(a[0] == "flaky" and a[1] == 3 for a in attempts)
+        past_flaky.set()
 
         async def flaky_succeeded() -> bool:
             return any(a[0] == "flaky" and a[1] == 3 for a in attempts)
@@ -66,6 +77,7 @@ async def test_long_retry_parks_and_returns_without_blocking(bootstrap: str, mak
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+    assert held_up == [], "healthy items waited behind the failing one's retries"
     flaky = [a for a in attempts if a[0] == "flaky"]
     assert [a[1] for a in flaky] == [1, 2, 3]
     assert len({a[2] for a in flaky}) == 1  # one idempotency key across every attempt

@@ -146,7 +146,7 @@ async def test_crash_looping_item_is_dead_lettered_after_the_last_attempt(bootst
     ordinals = tmp_path / "ordinals"
     env = {"CRASHLOOP_TOPIC": topic, "CRASHLOOP_NAME": name, "CRASHLOOP_LOG": str(ordinals),
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]),
-           "STREAMSCHED_SESSION_TIMEOUT_MS": "6000", "STREAMSCHED_HEARTBEAT_MS": "500"}
+           "STREAMSCHED_SESSION_TIMEOUT": "6s", "STREAMSCHED_HEARTBEAT": "0.5s"}
     app = App("probe")
 
     @external_command()

@@ -31,6 +31,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     data_dir = Path(args.data_dir)
     if args.action == "start":
+        broker.kafka_version(args.kafka_version)  # a bad release is refused before anything is created
         st = broker.status(data_dir)
         if st.get("running"):
             print(st["bootstrap"])

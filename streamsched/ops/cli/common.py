@@ -144,8 +144,12 @@ every failure is one line on stderr ("streamsched: ..."); STREAMSCHED_LOG=DEBUG 
 
 
 def check_environment(env: Mapping[str, str] | None = None) -> None:
-    """Every ``STREAMSCHED_*`` variable checked before a command starts (filled in by the settings
-    table): a bad value is a :class:`ConfigError` naming the variable, never a traceback later."""
+    """Every set ``STREAMSCHED_*`` variable checked against its declaration
+    (:mod:`streamsched.settings`) before a command starts: a bad value is a :class:`ConfigError`
+    naming the variable (never a secret's value), not a traceback or exit 4 later in a worker."""
+    from streamsched import settings
+
+    settings.check(env)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -175,6 +179,13 @@ def report_failure(exc: Exception) -> int:
     if ours:
         print(f"streamsched: {type(ours[0]).__name__}: {ours[0]}", file=sys.stderr)
         return 2
+    broken_pipe = any(isinstance(e, BrokenPipeError) for e in leaves)
+    if broken_pipe and not any(isinstance(e, KafkaError) for e in leaves):
+        # The reader of our output went away (`streamsched ... | head`): like any Unix tool, stop
+        # quietly; stdout is pointed at /dev/null so the interpreter's final flush cannot fail too.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     unreachable = KafkaError | ConnectionError | TimeoutError | socket.gaierror
     kafka = [e for e in leaves if isinstance(e, unreachable)]
     if kafka:

@@ -45,7 +45,11 @@ class Parser(argparse.ArgumentParser):
         self.checks: list[Check] = []
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        # Like every other failure: "streamsched: COMMAND: what is wrong", one line; the usage
+        # block argparse would print buries it (``--help`` still shows the full usage).
+        command = self.prog.removeprefix("streamsched").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"streamsched: {where}{message} (see `{self.prog} --help`)\n")
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:

@@ -46,10 +46,10 @@ from streamsched.ops.cli.parser_families import (
 
 _RUN_EPILOG = """\
 environment (besides the flags' own):
-  STREAMSCHED_SESSION_TIMEOUT_MS  consumer-group session timeout (default 10000)
-  STREAMSCHED_HEARTBEAT_MS        heartbeat interval (default 1000)
-  STREAMSCHED_COMMIT_INTERVAL_S   how long a Kafka-native transaction gathers batches, and how
-                                  often offsets ride a transaction (seconds, 0.1)
+  STREAMSCHED_SESSION_TIMEOUT     consumer-group session timeout, a duration (default 10s)
+  STREAMSCHED_HEARTBEAT           heartbeat interval, a duration (default 1s)
+  STREAMSCHED_COMMIT_INTERVAL     how long a Kafka-native transaction gathers batches, and how
+                                  often offsets ride a transaction, a duration (default 0.1s)
   STREAMSCHED_STORE_CACHE_BYTES   with --store-dir: bytes of decoded claims cached in memory per
                                   worker (default 4194304; RocksDB's own cache is separate)
   STREAMSCHED_LOG                 log level: debug, info, warning (default), error; DEBUG also

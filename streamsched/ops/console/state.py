@@ -32,6 +32,8 @@ class ConsoleConfig:
         names = [s.name for s in self.schedulers]
         if len(set(names)) != len(names):
             raise ConfigError("two --app apps have a scheduler of the same name")
+        if not 0 <= self.port <= 65535:  # else the bind fails later with an OverflowError (exit 4)
+            raise ConfigError(f"--port must be in 0..65535 (0: a free one), not {self.port}")
         if self.allow_actions and not self.tokens:
             raise ConfigError(f"--allow-actions needs a token (--token-file or {security.TOKEN_ENV})")
 
