@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,15 +34,16 @@ import pytest
 
 from consumers.harness import (
     FAST_FAILOVER_ENV,
+    Audit,
     Workflow,
     claim_history,
-    fences_strictly_increase,
+    ledger_calls,
     produce,
     unresolved_below_commit,
 )
-from consumers.ledger import Ledger
+from consumers.harness import audit as harness_audit
 from streamsched.kafka.admin import TopicSpec, apply
-from streamsched.kafka.reads import group_lag
+from streamsched.kafka.reads import Lag, group_lag
 from streamsched.model.claims import ClaimStatus
 from streamsched.model.event import TransitionEvent
 from streamsched.model.names import internal_topic
@@ -151,23 +152,14 @@ def network() -> Iterator[Net]:
     """A :class:`Net`, always torn down; skips (fails under CI=true) where it cannot be had."""
     why = network_tools_missing()
     if why is not None:
-        require("network namespaces + nftables", why)
+        import components  # tests/components.py: skips here, fails under CI=true
+
+        components.require("network namespaces + nftables", why)
     net = Net()
     try:
         yield net.up()
     finally:
         net.down()
-
-
-def require(name: str, reason: str) -> None:
-    """Skip, or fail under CI=true (tests/components.py where present)."""
-    try:
-        import components  # tests/components.py, on sys.path through tests/conftest.py
-    except ImportError:
-        if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
-            pytest.fail(f"{name} missing: {reason} (CI=true)", pytrace=False)
-        pytest.skip(f"{name} missing: {reason}")
-    components.require(name, reason)
 
 
 class NetnsWorker(WorkerProcess):
@@ -199,12 +191,15 @@ class Scenario:
     tmp: Path
     workers: dict[str, NetnsWorker] = field(default_factory=dict)
     events: list[TransitionEvent] = field(default_factory=list)
-    marks: dict[str, float] = field(default_factory=dict)
+    marks: dict[str, Any] = field(default_factory=dict)
+    view: str = ""
+    """Where the test itself produces and reads (its audits), if not every broker: while a broker
+    is cut off, the majority's side (a deposed leader would serve it a stale log)."""
     _batch: int = 0
 
     @property
     def bootstrap(self) -> str:
-        return self.cluster.bootstrap
+        return self.view or self.cluster.bootstrap
 
     def bootstrap_without(self, broker: str) -> str:
         """The bootstrap list without ``broker`` (the test process reaches every node)."""
@@ -212,7 +207,7 @@ class Scenario:
 
     def worker(self, name: str) -> NetnsWorker:
         self.net.add(name)
-        w = NetnsWorker(self.net.prefix(name), self.wf.app_ref, self.bootstrap,
+        w = NetnsWorker(self.net.prefix(name), self.wf.app_ref, self.cluster.bootstrap,
                         env={**WORKER_ENV, **self.wf.env}, log_path=self.tmp / f"{name}.log")
         self.workers[name] = w.start()
         return w
@@ -244,22 +239,27 @@ class Scenario:
                     out.update(n for p, n in pids.items() if p in st.owner)
         return out
 
-    async def drained_past(self, ends: dict[int, int]) -> bool:
-        lag = await group_lag(self.bootstrap, self.wf.group, self.wf.topic)
-        return all(lag.committed.get(p, 0) >= end for p, end in ends.items())
+    async def lag(self) -> Lag:
+        return await group_lag(self.bootstrap, self.wf.group, self.wf.topic)
 
-    async def recovery(self, label: str, *, timeout: float = PROGRESS_S) -> float:
-        """Seconds until everything produced so far is resolved (committed), from now; fail the
-        scenario past ``timeout`` (a stall)."""
-        ends = dict((await group_lag(self.bootstrap, self.wf.group, self.wf.topic)).end)
-        started = time.monotonic()
-        while not await self.drained_past(ends):
-            if time.monotonic() - started > timeout:
-                lag = await group_lag(self.bootstrap, self.wf.group, self.wf.topic)
-                pytest.fail(f"{label}: no progress past {ends} within {timeout:.0f}s "
-                            f"(committed {lag.committed}); logs:\n{self.log_tails()}")
+    async def recovery(self, label: str, *, timeout: float = PROGRESS_S,
+                       since: tuple[float, dict[int, int]] | None = None) -> float:
+        """Seconds until every partition has resolved (committed) what it held at the start (now,
+        or ``since``: a ``time.monotonic()`` and the ends then); fail past ``timeout`` (a stall).
+        Each partition's time goes in ``marks[label + "_per_partition"]``."""
+        started, ends = since or (time.monotonic(), dict((await self.lag()).end))
+        done: dict[int, float] = {}
+        while len(done) < len(ends):
+            lag = await self.lag()
+            for p, end in ends.items():
+                if p not in done and lag.committed.get(p, 0) >= end:
+                    done[p] = round(time.monotonic() - started, 2)
+            if len(done) < len(ends) and time.monotonic() - started > timeout:
+                pytest.fail(f"{label}: partitions {sorted(set(ends) - set(done))} not past {ends} "
+                            f"within {timeout:.0f}s (committed {lag.committed}); logs:\n{self.log_tails()}")
             await asyncio.sleep(0.25)
-        self.marks[label] = round(time.monotonic() - started, 2)
+        self.marks[label] = max(done.values())
+        self.marks[label + "_per_partition"] = dict(sorted(done.items()))
         return self.marks[label]
 
     def log_tails(self, lines: int = 25) -> str:
@@ -322,65 +322,39 @@ def unexpected_log_lines(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class FaultAudit:
-    unique: int
-    missing: list[str]
-    effects_twice: list[str]
-    """Identities with more than one effect row (the ledger's idempotency key held twice)."""
-    calls_twice_same_fence: list[str]
-    """Identities whose one claim (fence) was executed twice: a second execution."""
+    """:func:`consumers.harness.audit` (effects, accepted calls judged against stored outcomes,
+    fences), and what a fault adds to it."""
+
+    base: Audit
     calls_after_lease: list[str]
-    """Accepted calls made under a fence after that claim's lease expired while a later claim
-    took over: an owner that executed after its partition (and lease) moved on."""
-    reexecuted_within_lease: int
-    """Identities executed again by a successor after its predecessor's call (inside the
-    predecessor's lease) could not be recorded: at-least-once to the ledger, one effect."""
-    fences_ok: bool
+    """Identities with a call the ledger accepted under a fence whose lease had expired when a
+    later claim took the identity over: an owner that executed after its work moved on."""
     unresolved_below_commit: list[tuple[int, int]]
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.effects_twice or self.calls_twice_same_fence
-                    or self.calls_after_lease or self.unresolved_below_commit) and self.fences_ok
+        b = self.base
+        return (b.missing == 0 and b.extra_effects == 0 and b.effects == b.unique and b.fences_ok
+                and b.all_released and not b.reexecuted and not b.unbacked
+                and not self.calls_after_lease and not self.unresolved_below_commit)
 
 
 async def audit(sc: Scenario) -> FaultAudit:
-    wf = sc.wf
-    expected = {wf.identity(ev) for ev in sc.events if ev.type == wf.event_type}
-    ledger = Ledger(wf.ledger)
-    effects = Counter(key for key, _, _ in ledger.effects())
-    with ledger._connect() as db:
-        calls = list(db.execute("SELECT idempotency_key, fence, at_ns FROM calls WHERE accepted = 1"))
-    history = await claim_history(sc.bootstrap, wf)
-    by_fence: dict[tuple[str, int], int] = {}
-    for ident, states in history.items():
-        for st in states:
-            if st.status is ClaimStatus.CLAIMED:
-                by_fence[(ident, st.fence)] = st.lease_expires_ns
-    per_fence = Counter((key, fence) for key, fence, _ in calls)
-    fences_per_key: dict[str, set[int]] = defaultdict(set)
-    late: set[str] = set()
-    for key, fence, at_ns in calls:
-        fences_per_key[key].add(fence)
-        expires = by_fence.get((key, fence))
-        later = any(f > fence for f in (s.fence for s in history.get(key, ())))
-        if expires is not None and later and at_ns > expires:
-            late.add(key)
-    return FaultAudit(
-        unique=len(expected),
-        missing=sorted(i for i in expected if effects[i] == 0),
-        effects_twice=sorted(i for i, n in effects.items() if n > 1),
-        calls_twice_same_fence=sorted({k for (k, _), n in per_fence.items() if n > 1}),
-        calls_after_lease=sorted(late),
-        reexecuted_within_lease=sum(1 for f in fences_per_key.values() if len(f) > 1),
-        fences_ok=fences_strictly_increase(history),
-        unresolved_below_commit=await unresolved_below_commit(sc.bootstrap, wf),
-    )
+    history = await claim_history(sc.bootstrap, sc.wf)
+    expires = {(i, st.fence): st.lease_expires_ns for i, states in history.items() for st in states
+               if st.status is ClaimStatus.CLAIMED}
+    top = {i: max(st.fence for st in states) for i, states in history.items()}
+    late = sorted({c.key for c in ledger_calls(sc.wf.ledger)
+                   if c.at_ns is not None and c.fence < top.get(c.key, 0)
+                   and c.at_ns > expires.get((c.key, c.fence), c.at_ns)})
+    return FaultAudit(await harness_audit(sc.bootstrap, sc.wf, sc.events), late,
+                      await unresolved_below_commit(sc.bootstrap, sc.wf))
 
 
 def report(sc: Scenario, name: str, result: FaultAudit, record: Any, **extra: Any) -> dict[str, Any]:
     """The scenario's result as one JSON line (printed, and a junit property)."""
-    doc = {"scenario": name, "unique": result.unique, "recovery_s": sc.marks,
-           "reexecuted_within_lease": result.reexecuted_within_lease, **extra}
+    doc = {"scenario": name, "unique": result.base.unique, "calls": result.base.calls,
+           "retried": result.base.retried, "recovery_s": sc.marks, **extra}
     print("FAULT-RESULT " + json.dumps(doc, sort_keys=True))
     record("fault_result", json.dumps(doc, sort_keys=True))
     return doc
