@@ -1,0 +1,42 @@
+"""The fault harness's own judgements, without a cluster: which worker log lines a network fault
+explains, and that a machine without namespaces/nftables skips (fails under CI=true)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.faults import fault_harness
+from tests.faults.fault_harness import unexpected_log_lines
+
+
+def test_only_the_lines_a_network_fault_explains_pass() -> None:
+    explained = "\n".join([
+        "2026-12-04 13:16:31,982 ERROR aiokafka.consumer.group_coordinator Group Coordinator Request "
+        "failed: [Error 15] GroupCoordinatorNotAvailableError",
+        "2026-12-04 13:15:33,527 ERROR aiokafka.consumer.group_coordinator Heartbeat session expired - "
+        "marking coordinator dead",
+        "2026-12-04 13:17:11,893 ERROR aiokafka Unable connect to node with id 2: StaleMetadata: x",
+        "2026-12-04 13:15:31,241 WARNING streamsched.kafka.owner fenced out of t[1]",
+        "Traceback (most recent call last):", '  File "x.py", line 1, in f', "    raise",
+        "aiokafka.errors.KafkaConnectionError: Connection at 10.231.1.11:9092 closed",
+    ])
+    assert unexpected_log_lines(explained) == []
+    unexplained = [
+        "2026-12-04 13:15:31,241 ERROR streamsched.kafka.owner owner of t[0] failed: boom",
+        "2026-12-04 13:15:31,241 ERROR aiokafka Unexpected error in sender routine",
+        "Task exception was never retrieved",
+        "Future exception was never retrieved",
+    ]
+    for line in unexplained:
+        assert unexpected_log_lines(explained + "\n" + line) == [line], line
+    bad_traceback = "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'p'\n"
+    assert unexpected_log_lines(bad_traceback) == ["Traceback (most recent call last): ... KeyError: 'p'"]
+
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_no_namespaces_skips_locally_and_fails_under_ci(monkeypatch: pytest.MonkeyPatch, ci: str) -> None:
+    monkeypatch.setattr(fault_harness, "network_tools_missing", lambda: "nft not found")
+    monkeypatch.setenv("CI", ci)
+    outcome = pytest.fail.Exception if ci else pytest.skip.Exception
+    with pytest.raises(outcome, match="nft not found"), fault_harness.network():
+        raise AssertionError("a network without the tools")
