@@ -35,6 +35,7 @@ import pytest
 from consumers.harness import (
     FAST_FAILOVER_ENV,
     Audit,
+    Call,
     Workflow,
     claim_history,
     ledger_calls,
@@ -44,7 +45,7 @@ from consumers.harness import (
 from consumers.harness import audit as harness_audit
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import Lag, group_lag
-from streamsched.model.claims import ClaimStatus
+from streamsched.model.claims import ClaimState, ClaimStatus
 from streamsched.model.event import TransitionEvent
 from streamsched.model.names import internal_topic
 from streamsched.ops.broker import LocalCluster
@@ -228,14 +229,15 @@ class Scenario:
             self.events.extend(batch)
             await asyncio.sleep(every_s)
 
-    async def owners_since(self, since_ns: int) -> Counter[str]:
-        """Claims taken since ``since_ns`` (by lease start), per worker name."""
+    async def owners_since(self, since_ns: int, until_ns: int | None = None) -> Counter[str]:
+        """Claims taken since ``since_ns`` (and before ``until_ns``; by lease start), per worker."""
         pids = {f"-{w.pid}-": name for name, w in self.workers.items()}
         duration_ns = int(float(WORKER_ENV["STREAMSCHED_CLAIM_DURATION_S"]) * 1e9)
         out: Counter[str] = Counter()
         for states in (await claim_history(self.bootstrap, self.wf)).values():
             for st in states:
-                if st.status is ClaimStatus.CLAIMED and st.lease_expires_ns - duration_ns >= since_ns:
+                start = st.lease_expires_ns - duration_ns
+                if st.status is ClaimStatus.CLAIMED and since_ns <= start < (until_ns or start + 1):
                     out.update(n for p, n in pids.items() if p in st.owner)
         return out
 
@@ -339,14 +341,18 @@ class FaultAudit:
                 and not self.calls_after_lease and not self.unresolved_below_commit)
 
 
-async def audit(sc: Scenario) -> FaultAudit:
-    history = await claim_history(sc.bootstrap, sc.wf)
+def calls_after_lease(calls: list[Call], history: dict[str, list[ClaimState]]) -> list[str]:
+    """Identities with a call accepted under a fence after that claim's lease expired, when a
+    later claim took the identity over (see :attr:`FaultAudit.calls_after_lease`)."""
     expires = {(i, st.fence): st.lease_expires_ns for i, states in history.items() for st in states
                if st.status is ClaimStatus.CLAIMED}
     top = {i: max(st.fence for st in states) for i, states in history.items()}
-    late = sorted({c.key for c in ledger_calls(sc.wf.ledger)
-                   if c.at_ns is not None and c.fence < top.get(c.key, 0)
+    return sorted({c.key for c in calls if c.at_ns is not None and c.fence < top.get(c.key, 0)
                    and c.at_ns > expires.get((c.key, c.fence), c.at_ns)})
+
+
+async def audit(sc: Scenario) -> FaultAudit:
+    late = calls_after_lease(ledger_calls(sc.wf.ledger), await claim_history(sc.bootstrap, sc.wf))
     return FaultAudit(await harness_audit(sc.bootstrap, sc.wf, sc.events), late,
                       await unresolved_below_commit(sc.bootstrap, sc.wf))
 

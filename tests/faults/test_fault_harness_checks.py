@@ -40,3 +40,16 @@ def test_no_namespaces_skips_locally_and_fails_under_ci(monkeypatch: pytest.Monk
     outcome = pytest.fail.Exception if ci else pytest.skip.Exception
     with pytest.raises(outcome, match="nft not found"), fault_harness.network():
         raise AssertionError("a network without the tools")
+
+
+def test_a_call_after_its_lease_expired_and_a_successor_claimed_is_caught() -> None:
+    from consumers.harness import Call
+    from streamsched.model.claims import ClaimState, ClaimStatus
+
+    s = 10**9
+    history = {"k": [ClaimState("k", ClaimStatus.CLAIMED, "a-1-x", fence=1, lease_expires_ns=5 * s),
+                     ClaimState("k", ClaimStatus.CLAIMED, "b-2-y", fence=2, lease_expires_ns=11 * s)],
+               "j": [ClaimState("j", ClaimStatus.CLAIMED, "a-1-x", fence=1, lease_expires_ns=5 * s)]}
+    within = [Call("k", 1, 4 * s), Call("k", 2, 7 * s), Call("j", 1, 9 * s)]  # j: nobody took over
+    assert fault_harness.calls_after_lease(within, history) == []
+    assert fault_harness.calls_after_lease([*within, Call("k", 1, 6 * s)], history) == ["k"]

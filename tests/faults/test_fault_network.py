@@ -23,6 +23,7 @@ from streamsched.kafka import clients
 from streamsched.kafka.txn import TXN_DEADLINE_S
 from streamsched.testing import wait_for
 from tests.faults.fault_harness import (
+    PARTITIONS,
     PROGRESS_S,
     Scenario,
     assert_clean_logs,
@@ -77,9 +78,15 @@ async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
 
     result = await audit(sc)
     log = (sc.tmp / "wa.log").read_text(errors="replace")
+    restarts = log.count("restarting ")
+    # Fenced: whatever the cut-off worker had begun and tried to commit once the network was
+    # back was refused (no claim of its from the cut became visible).
+    zombie = (await sc.owners_since(cut_ns, healed_ns))["wa"]
     report(sc, "worker_cut_off", result, record_property, claims_during_cut=dict(taken),
-           cut_off_fenced=log.count("fenced out of"), cut_off_restarts=log.count("restarting "))
+           cut_off_fenced=log.count("fenced out of"), cut_off_restarts=restarts)
     assert taken["wb"] > 0 and taken["wa"] == 0, f"claims taken during the cut: {taken}"
+    assert zombie == 0, f"{zombie} claims of the cut-off worker from the cut became visible"
+    assert restarts <= 2 * PARTITIONS, f"the cut-off worker restarted its owners {restarts} times"
     assert result.ok, result
     assert_clean_logs(sc)
 
