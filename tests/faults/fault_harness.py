@@ -44,12 +44,13 @@ from consumers.harness import (
 )
 from consumers.harness import audit as harness_audit
 from streamsched.kafka.admin import TopicSpec, apply
-from streamsched.kafka.reads import Lag, group_lag
+from streamsched.kafka.reads import Lag, group_lag, read_topic
 from streamsched.model.claims import ClaimState, ClaimStatus
 from streamsched.model.event import TransitionEvent
 from streamsched.model.names import internal_topic
 from streamsched.ops.broker import LocalCluster
 from streamsched.testing import WorkerProcess, child_pythonpath, make_event
+from streamsched.wire.transition import decode_transition
 
 PARTITIONS = 4
 WORKER_ENV = {
@@ -349,6 +350,43 @@ def calls_after_lease(calls: list[Call], history: dict[str, list[ClaimState]]) -
     top = {i: max(st.fence for st in states) for i, states in history.items()}
     return sorted({c.key for c in calls if c.at_ns is not None and c.fence < top.get(c.key, 0)
                    and c.at_ns > expires.get((c.key, c.fence), c.at_ns)})
+
+
+async def committed_ahead(sc: Scenario, *, settle_s: float = 0.5) -> list[tuple[str, int, int]]:
+    """(topic, partition, offset) of selected events below the group's committed offset that
+    are neither resolved (outcome stored) nor parked (a copy on the delay topic past the delay
+    topic's committed offset): an offset committed ahead of what it stands for. A live worker
+    parks an event whose identity another owner's lease holds, in the same transaction as the
+    offset, so this is the invariant while workers run (``unresolved_below_commit`` of
+    consumers.harness is the one for a stopped group).
+
+    Kafka makes one transaction visible partition by partition (its markers are written in
+    parallel): a violation is read again after ``settle_s`` (same committed offsets) and only
+    one that persists is returned."""
+    wf, delay = sc.wf, internal_topic("delay", sc.wf.name)
+    committed = {t: (await group_lag(sc.bootstrap, wf.group, t)).committed for t in (wf.topic, delay)}
+
+    async def judge() -> list[tuple[str, int, int]]:
+        history = await claim_history(sc.bootstrap, wf)
+        resolved = {i for i, states in history.items() if any(st.outcome is not None for st in states)}
+        records = {t: await read_topic(sc.bootstrap, t) for t in (wf.topic, delay)}
+        parked = {wf.identity(decode_transition(r.value)) for r in records[delay]
+                  if r.offset >= committed[delay].get(r.partition, 0)}
+        bad = []
+        for topic, recs in records.items():
+            for r in recs:
+                if r.offset >= committed[topic].get(r.partition, 0):
+                    continue
+                ev = decode_transition(r.value)
+                ident = wf.identity(ev)
+                if ev.type == wf.event_type and ident not in resolved and ident not in parked:
+                    bad.append((topic, r.partition, r.offset))
+        return bad
+
+    if not await judge():
+        return []
+    await asyncio.sleep(settle_s)
+    return await judge()
 
 
 async def audit(sc: Scenario) -> FaultAudit:

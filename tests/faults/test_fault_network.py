@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 
-from consumers.harness import unresolved_below_commit
 from streamsched.kafka import clients
 from streamsched.kafka.txn import TXN_DEADLINE_S
-from streamsched.testing import wait_for
+from streamsched.testing import wait_drained, wait_for
 from tests.faults.fault_harness import (
     PARTITIONS,
     PROGRESS_S,
     Scenario,
     assert_clean_logs,
     audit,
+    committed_ahead,
     report,
 )
 
@@ -55,7 +55,7 @@ async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
         sc.net.cut("wa", ["b1", "b2", "b3"])
         try:
             await sc.recovery("takeover")  # the survivor resolves what the cut-off one had
-            assert await unresolved_below_commit(sc.bootstrap, sc.wf) == [], "offset ahead of outcomes"
+            assert await committed_ahead(sc) == [], "offset committed ahead of outcomes"
             await asyncio.sleep(max(0.0, CUT_S - (time.time_ns() - cut_ns) / 1e9))
             taken = await sc.owners_since(cut_ns)
             assert cut_off.alive(), "the cut-off worker died instead of waiting for the network"
@@ -73,6 +73,7 @@ async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
     finally:
         load.cancel()
     await sc.recovery("after_heal")
+    await wait_drained(sc.bootstrap, sc.wf.group, sc.wf.topic, timeout=PROGRESS_S)  # parked work too
     assert cut_off.alive() and survivor.alive()
     assert cut_off.terminate() == 0 and survivor.terminate() == 0
 
@@ -146,7 +147,7 @@ async def test_a_broker_cut_off_from_the_other_two_is_elected_around(
             # cannot replicate) waits for that transaction's deadline and the owner's restart.
             await sc.recovery("during_cut", since=(cut, dict(before.end)),
                               timeout=TXN_DEADLINE_S + PROGRESS_S)
-            assert await unresolved_below_commit(sc.bootstrap, sc.wf) == [], "offset ahead of outcomes"
+            assert await committed_ahead(sc) == [], "offset committed ahead of outcomes"
             await asyncio.sleep(max(0.0, CUT_S - (time.monotonic() - cut)))
         finally:
             sc.net.heal(victim)
@@ -163,6 +164,7 @@ async def test_a_broker_cut_off_from_the_other_two_is_elected_around(
     finally:
         load.cancel()
     await sc.recovery("after_heal")
+    await wait_drained(sc.bootstrap, sc.wf.group, sc.wf.topic, timeout=PROGRESS_S)  # parked work too
     for name, w in sc.workers.items():
         assert w.alive(), f"{name} died"
         assert w.terminate() == 0, name
