@@ -14,6 +14,7 @@ bridge removes everything, rules included (fixtures do it even on failure).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -24,8 +25,8 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,10 +215,25 @@ class Scenario:
         self.workers[name] = w.start()
         return w
 
-    async def feed(self, batches: int, *, every_s: float = 0.5, size: int = 12) -> None:
-        """``batches`` batches of new identities with duplicates of earlier ones."""
+    @asynccontextmanager
+    async def load(self) -> AsyncIterator[None]:
+        """A steady load (:meth:`feed`, a batch every 0.5 s) for the duration of the block; the
+        batch being produced at its end completes (so :attr:`events` is what was produced)."""
+        stop = asyncio.Event()
+        task = asyncio.create_task(self.feed(None, stop=stop))
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
+
+    async def feed(self, batches: int | None, *, every_s: float = 0.5, size: int = 12,
+                   stop: asyncio.Event | None = None) -> None:
+        """``batches`` batches (or until ``stop``) of new identities with duplicates of earlier ones."""
         rng = random.Random(len(self.events))
-        for _ in range(batches):
+        for _ in itertools.repeat(None) if batches is None else range(batches):
+            if stop is not None and stop.is_set():
+                return
             b = self._batch
             self._batch += 1
             batch = [make_event("due", f"tenant-{i % 5}", [f"net-{b}-{i}"], due_ns=1_700_000_000 * 10**9 + b)

@@ -48,8 +48,7 @@ async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
     owners = await sc.owners_since(0)
     assert owners["wa"] and owners["wb"], f"both workers must own partitions before the cut: {owners}"
 
-    load = asyncio.create_task(sc.feed(int(2 * (CUT_S + 15))))  # 0.5 s apart: through cut and heal
-    try:
+    async with sc.load():  # through the cut, the heal and the rejoin
         await asyncio.sleep(2)
         cut_ns = time.time_ns()
         sc.net.cut("wa", ["b1", "b2", "b3"])
@@ -69,9 +68,6 @@ async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
 
         await wait_for(rejoined, timeout=PROGRESS_S, what="the cut-off worker to claim work again")
         sc.marks["rejoin"] = round(time.monotonic() - healed, 2)
-        await load
-    finally:
-        load.cancel()
     await sc.recovery("after_heal")
     await wait_drained(sc.bootstrap, sc.wf.group, sc.wf.topic, timeout=PROGRESS_S)  # parked work too
     assert cut_off.alive() and survivor.alive()
@@ -118,8 +114,7 @@ async def test_a_broker_cut_off_from_the_other_two_is_elected_around(
     topics = [sc.wf.topic, sc.wf.state_topic]
     led = sum(p["leader"] == victim_id for p in await _describe(sc.bootstrap, topics))
 
-    load = asyncio.create_task(sc.feed(int(2 * (CUT_S + 15))))
-    try:
+    async with sc.load():  # through the cut, the heal and the rejoin
         await asyncio.sleep(2)
         sc.view = reachable = sc.bootstrap_without(victim)
         before = await sc.lag()
@@ -160,9 +155,6 @@ async def test_a_broker_cut_off_from_the_other_two_is_elected_around(
         await wait_for(rejoined, timeout=PROGRESS_S, what="the victim back in every ISR")
         sc.marks["broker_rejoin"] = round(time.monotonic() - healed, 2)
         sc.view = ""
-        await load
-    finally:
-        load.cancel()
     await sc.recovery("after_heal")
     await wait_drained(sc.bootstrap, sc.wf.group, sc.wf.topic, timeout=PROGRESS_S)  # parked work too
     for name, w in sc.workers.items():

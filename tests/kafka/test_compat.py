@@ -343,3 +343,45 @@ def test_aiokafka_offers_every_method_of_the_protocol(proto: type, real: type) -
 def test_aiokafka_records_carry_every_field_of_the_protocol(proto: type, fields: Any) -> None:
     missing = sorted(set(_members(proto)) - set(fields))
     assert not missing, f"aiokafka {aiokafka.__version__} records lack {missing} (protocols.{proto.__name__})"
+
+
+async def test_a_sender_that_outlives_its_stop_leaves_no_unretrieved_future() -> None:
+    """A stop cut short by the owner's deadline leaves the sender running; when a newer producer
+    fences it, aiokafka fails a fresh transaction waiter after the owner settled the futures
+    (seen in tests/faults: ``Future exception was never retrieved ... ProducerFenced``)."""
+    from aiokafka.errors import ProducerFenced
+    from aiokafka.producer.sender import Sender
+
+    from streamsched.kafka.fencing import settle_when_sender_ends
+
+    _assigns(AIOKafkaProducer.__init__, "_sender", "sender_task")
+    _assigns(Sender.start, "_sender_task", "sender_task")
+    assert "self._sender_task.add_done_callback(self._fail_all)" in inspect.getsource(Sender.start), \
+        _changed("Sender.start (aiokafka's own failure callback comes first)", "sender_task")
+    assert "fatal_error(task_exception)" in inspect.getsource(Sender._fail_all), \
+        _changed("Sender._fail_all", "sender_task")
+
+    txn = TransactionManager("tx", 60_000)
+    txn.set_pid_and_epoch(1, 0)
+    txn.begin_transaction()
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def sender_routine() -> None:
+        await gate  # a request to a coordinator that answers only once the producer is fenced
+        raise ProducerFenced()
+
+    def fail_all(task: asyncio.Task[None]) -> None:  # aiokafka's Sender._fail_all, in short
+        if not task.cancelled() and task.exception() is not None:
+            txn.fatal_error(task.exception())
+
+    task = asyncio.get_running_loop().create_task(sender_routine())
+    task.add_done_callback(fail_all)
+    producer = SimpleNamespace(_sender=SimpleNamespace(_sender_task=task), _txn_manager=txn)
+    assert compat.sender_task(producer) is task and compat.sender_task(object()) is None
+    settle_when_sender_ends(producer)  # the owner's stop gave up waiting: the sender still runs
+    gate.set_result(None)
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)  # done callbacks run in order: aiokafka's, then the settle
+    waiter = txn._transaction_waiter
+    assert waiter.done() and not waiter._log_traceback  # retrieved: nothing logged at GC
+    assert isinstance(waiter.exception(), ProducerFenced)
