@@ -138,14 +138,6 @@ def transaction_waiter(producer: object) -> object:
     return getattr(getattr(producer, "_txn_manager", None), "_transaction_waiter", None)
 
 
-def sender_task(producer: object) -> asyncio.Future[Any] | None:
-    """The producer's background sender task (aiokafka's ``Sender._sender_task``), if any. When it
-    ends with an error, aiokafka's done callback (``Sender._fail_all``, registered when the sender
-    starts) fails the batches and the transaction manager's futures."""
-    task = getattr(getattr(producer, "_sender", None), "_sender_task", None)
-    return task if isinstance(task, asyncio.Future) else None
-
-
 def producer_futures(producer: object) -> list[asyncio.Future[Any]]:
     """Every future a producer's transaction manager and accumulator hold.
 

@@ -11,8 +11,7 @@ attribute is skipped, never raised):
 * a fenced producer fails every pending future at once and nobody awaits most of them, so
   asyncio would log ``Future exception was never retrieved ... ProducerFenced`` tracebacks at
   garbage collection (defect 4m): :func:`settle_sends` and :func:`settle_producer_futures`
-  mark them seen, and the owner's one log line is the only trace; :func:`settle_when_sender_ends`
-  does it again for a producer whose sender outlived its stop.
+  mark them seen, and the owner's one log line is the only trace.
 """
 
 from __future__ import annotations
@@ -72,21 +71,6 @@ def settle_producer_futures(producer: Producer) -> BaseException | None:
             exc = fut.exception()
             first = first or exc
     return first
-
-
-def settle_when_sender_ends(producer: Producer) -> None:
-    """Settle ``producer``'s futures again when its sender task ends, if it has not yet.
-
-    A producer whose stop was cut short by the owner's deadline (its sender awaiting a
-    coordinator that no longer answers, e.g. a broker cut off from the others) still has its
-    sender running. Once a newer producer fences it, the sender ends with ``ProducerFenced`` and
-    aiokafka fails a fresh transaction waiter and the batches, after the owner settled them:
-    ``Future exception was never retrieved`` tracebacks at garbage collection (seen in the
-    network fault scenario, tests/faults). This callback runs after aiokafka's own (registered
-    when the sender started), so it sees those futures failed."""
-    task = compat.sender_task(producer)
-    if task is not None and not task.done():
-        task.add_done_callback(lambda _task: settle_producer_futures(producer))
 
 
 def settle_sends(producer: Producer) -> None:

@@ -61,7 +61,6 @@ from streamsched.kafka.fencing import (
     retrieve,
     settle_producer_futures,
     settle_sends,
-    settle_when_sender_ends,
 )
 from streamsched.metrics import Metrics
 
@@ -283,7 +282,6 @@ class PartitionOwner(Generic[T]):
                 await asyncio.wait_for(self.producer.stop(), release_s)
             self.on_producer(-1)
             leftover = settle_producer_futures(self.producer)
-            settle_when_sender_ends(self.producer)  # a stop cut short: its sender may fail later
             if leftover is not None and not is_fenced(leftover):
                 log.debug("producer of %s[%d] ended with %s", self.spec.name, self.partition,
                           type(leftover).__name__)
