@@ -321,17 +321,40 @@ EXPECTED_RAISES = re.compile(r"^(aiokafka\.errors\.)?(KafkaConnectionError|Reque
 BAD_LOG = ("was never retrieved", "Task was destroyed but it is pending")
 
 
-def unexpected_log_lines(text: str) -> list[str]:
+UNRETRIEVED_FENCED = "future: <Future finished exception=ProducerFenced("
+"""KNOWN DEFECT (open, see the broker-cut scenario): after a transaction stuck on a broker cut
+off from the others is given up and its owner restarts, the old aiokafka producer ends fenced
+and one of its futures is never retrieved (``ERROR asyncio Future exception was never retrieved``
+then this line, then a traceback ending in ``ProducerFenced``). Not the sender outliving the
+owner's stop (settling when the sender ends did not remove it). Tolerated only where a scenario
+says so, and counted in its result line."""
+
+
+def _ends_traceback(line: str) -> bool:
+    """A traceback's exception line: the first line after it that is not indented."""
+    return bool(line) and not line.startswith((" ", "\t"))
+
+
+def unexpected_log_lines(text: str, *, known: tuple[str, ...] = ()) -> list[str]:
     """Error lines no expected fault explains: any ``... was never retrieved``, any traceback
-    not ending in a connection-level error, any ERROR/CRITICAL line not in :data:`EXPECTED_ERRORS`."""
+    not ending in a connection-level error, any ERROR/CRITICAL line not in :data:`EXPECTED_ERRORS`.
+    ``known`` (e.g. :data:`UNRETRIEVED_FENCED`) lets a known defect's report through: the line
+    before it, it, and its traceback."""
     bad: list[str] = []
     lines = text.splitlines()
+    skip = -1
     for i, line in enumerate(lines):
-        if any(b in line for b in BAD_LOG):
+        if i <= skip:
+            continue
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if any(b in line for b in BAD_LOG) and any(nxt.startswith(k) for k in known):
+            skip = i + 1  # the known report; then its traceback, up to its exception line
+            if i + 2 < len(lines) and lines[i + 2].startswith("Traceback"):
+                skip = next((j for j in range(i + 3, len(lines)) if _ends_traceback(lines[j])), len(lines))
+        elif any(b in line for b in BAD_LOG):
             bad.append(line)
         elif line.startswith("Traceback"):
-            # The exception line ends the traceback: the first line after it not indented.
-            tail = next((x for x in lines[i + 1:] if x and not x.startswith((" ", "\t"))), "")
+            tail = next((x for x in lines[i + 1:] if _ends_traceback(x)), "")
             if not EXPECTED_RAISES.search(tail):
                 bad.append(f"{line} ... {tail}")
         elif re.search(r" (ERROR|CRITICAL) ", line) and not EXPECTED_ERRORS.search(line):
@@ -420,8 +443,14 @@ def report(sc: Scenario, name: str, result: FaultAudit, record: Any, **extra: An
     return doc
 
 
-def assert_clean_logs(sc: Scenario) -> None:
+def known_defects(sc: Scenario, known: str) -> int:
+    """How many times the workers' logs report the known defect ``known``."""
+    return sum(w.log_path.read_text(errors="replace").count(known)
+               for w in sc.workers.values() if w.log_path is not None)
+
+
+def assert_clean_logs(sc: Scenario, *, known: tuple[str, ...] = ()) -> None:
     for name, w in sc.workers.items():
         assert w.log_path is not None
-        bad = unexpected_log_lines(w.log_path.read_text(errors="replace"))
+        bad = unexpected_log_lines(w.log_path.read_text(errors="replace"), known=known)
         assert not bad, f"{name}: unexpected error lines:\n" + "\n".join(bad[:20])

@@ -53,3 +53,16 @@ def test_a_call_after_its_lease_expired_and_a_successor_claimed_is_caught() -> N
     within = [Call("k", 1, 4 * s), Call("k", 2, 7 * s), Call("j", 1, 9 * s)]  # j: nobody took over
     assert fault_harness.calls_after_lease(within, history) == []
     assert fault_harness.calls_after_lease([*within, Call("k", 1, 6 * s)], history) == ["k"]
+
+
+def test_a_known_defect_passes_only_where_a_scenario_names_it() -> None:
+    report = "\n".join([
+        "2026-12-04 13:46:26,359 ERROR asyncio Future exception was never retrieved",
+        f"{fault_harness.UNRETRIEVED_FENCED}'There is a newer producer')>",
+        "Traceback (most recent call last):", '  File "sender.py", line 175, in _sender_routine',
+        "aiokafka.errors.ProducerFenced: ProducerFenced: There is a newer producer",
+    ])
+    assert len(unexpected_log_lines(report)) == 2  # the report and its traceback
+    assert unexpected_log_lines(report, known=(fault_harness.UNRETRIEVED_FENCED,)) == []
+    other = report + "\n2026-12-04 13:46:27,000 ERROR asyncio Task exception was never retrieved"
+    assert len(unexpected_log_lines(other, known=(fault_harness.UNRETRIEVED_FENCED,))) == 1
