@@ -323,11 +323,13 @@ BAD_LOG = ("was never retrieved", "Task was destroyed but it is pending")
 
 UNRETRIEVED_FENCED = "future: <Future finished exception=ProducerFenced("
 """KNOWN DEFECT (open, see the broker-cut scenario): after a transaction stuck on a broker cut
-off from the others is given up and its owner restarts, the old aiokafka producer ends fenced
-and one of its futures is never retrieved (``ERROR asyncio Future exception was never retrieved``
-then this line, then a traceback ending in ``ProducerFenced``). Not the sender outliving the
-owner's stop (settling when the sender ends did not remove it). Tolerated only where a scenario
-says so, and counted in its result line."""
+off from the others is given up at its deadline and its owner restarts, the old aiokafka
+producer ends fenced and futures nobody awaits any more fail (``ERROR asyncio Future exception
+was never retrieved``, this line, a traceback ending in ``ProducerFenced``). Found with
+PYTHONASYNCIODEBUG=1 (where each future was made): the offsets future of
+``send_offsets_to_transaction`` (fixed: ``settle_sends`` marks it) and the batch future made in
+``MessageAccumulator.add_batch`` under a ``send_batch`` the deadline cancelled (open). Tolerated
+only where a scenario says so, and counted in its result line."""
 
 
 def _ends_traceback(line: str) -> bool:
