@@ -247,6 +247,12 @@ def forget_topic(producer: object, topic: str, *, keep: str | None = None) -> No
         client._topics = rest  # type: ignore[union-attr]
 
 
+def transaction_manager(producer: object) -> Any:
+    """The producer's transaction manager (None if not transactional): its offsets futures are
+    made by ``add_offsets_to_txn`` (see :func:`streamsched.kafka.fencing.settle_sends`)."""
+    return getattr(producer, "_txn_manager", None)
+
+
 def transaction_waiter(producer: object) -> object:
     """The transaction manager's current transaction future (None if not transactional).
 

@@ -11,7 +11,8 @@ attribute is skipped, never raised):
 * a fenced producer fails every pending future at once and nobody awaits most of them, so
   asyncio would log ``Future exception was never retrieved ... ProducerFenced`` tracebacks at
   garbage collection (defect 4m): :func:`settle_sends` and :func:`settle_producer_futures`
-  mark them seen, and the owner's one log line is the only trace.
+  mark them seen (the offsets futures of ``send_offsets_to_transaction`` too), and the owner's
+  one log line is the only trace.
 """
 
 from __future__ import annotations
@@ -94,3 +95,19 @@ def settle_sends(producer: Producer) -> None:
             return fut
 
         setattr(producer, name, settled)
+    # ``send_offsets_to_transaction`` awaits its offsets future through ``asyncio.shield``: when
+    # the transaction's deadline cancels that await (a coordinator that no longer answers, e.g.
+    # a broker cut off from the others: tests/faults), the future lives on, and once a newer
+    # producer fences this one aiokafka fails it and drops it from its queue, so
+    # :func:`settle_producer_futures` can no longer find it. Marked here as it is made.
+    txn = compat.transaction_manager(producer)
+    add_offsets = getattr(txn, "add_offsets_to_txn", None)
+    if txn is not None and callable(add_offsets):
+
+        def settled_offsets(*args: Any, _add: Any = add_offsets, **kwargs: Any) -> Any:
+            fut = _add(*args, **kwargs)
+            if isinstance(fut, asyncio.Future):
+                fut.add_done_callback(retrieve)
+            return fut
+
+        txn.add_offsets_to_txn = settled_offsets

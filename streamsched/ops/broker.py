@@ -85,10 +85,12 @@ class NodeSpec:
     tls_port: int | None = None
     """SASL_SSL listener of a secured node with TLS (mTLS ``SSL`` is ``mtls_port``)."""
     mtls_port: int | None = None
+    host: str = "127.0.0.1"
+    """The address the node binds and advertises (its listeners and its controller)."""
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
 
 NO_QUORUM_STOP_S = 3.0
@@ -106,6 +108,11 @@ class LocalCluster:
     ``bootstrap`` is the SASL_PLAINTEXT listener and :meth:`connection` gives a user's connection.
     ``kafka_version`` picks the broker (default :func:`kafka_version`); a data dir keeps the
     version it was formatted with.
+
+    ``hosts`` (one address per node, unsecured clusters only) binds and advertises node *i* on
+    ``hosts[i]`` instead of loopback, and ``launch_prefix`` wraps each node's command (e.g.
+    ``["ip", "netns", "exec", NAME]``): the fault scenarios (tests/faults) run each node in its
+    own network namespace this way, so that one node can be cut off by nftables rules.
     """
 
     data_dir: Path
@@ -115,6 +122,8 @@ class LocalCluster:
     extra_config: dict[str, str] = field(default_factory=dict)
     security: BrokerSecurity | None = None
     kafka_version: str | None = None
+    hosts: list[str] | None = None
+    launch_prefix: Callable[[NodeSpec], list[str]] | None = None
     specs: list[NodeSpec] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -148,18 +157,21 @@ class LocalCluster:
             self.kafka_version = formatted
             self.specs = [
                 NodeSpec(n["node_id"], n["port"], n["controller_port"], Path(n["data_dir"]),
-                         n.get("tls_port"), n.get("mtls_port"))
+                         n.get("tls_port"), n.get("mtls_port"), n.get("host", "127.0.0.1"))
                 for n in saved["nodes"]
             ]
             return
         self.specs = []
+        if self.hosts is not None and (len(self.hosts) != self.nodes or self.security is not None):
+            raise BrokerError("hosts: one address per node, and only for an unsecured cluster")
         for i in range(self.nodes):
             port = self.port + i if (self.port and i == 0) else free_port()
             if self.port and i > 0:
                 port = self.port + i
             tls = self.security is not None and self.security.tls
             self.specs.append(NodeSpec(i + 1, port, free_port(), self.data_dir / f"node-{i + 1}",
-                                       free_port() if tls else None, free_port() if tls else None))
+                                       free_port() if tls else None, free_port() if tls else None,
+                                       self.hosts[i] if self.hosts else "127.0.0.1"))
 
     @property
     def tls_bootstrap(self) -> str:
@@ -180,15 +192,15 @@ class LocalCluster:
                                         mechanism=mechanism, tls=tls, options=dict(options or {}))
 
     def _properties(self, spec: NodeSpec) -> str:
-        voters = ",".join(f"{s.node_id}@127.0.0.1:{s.controller_port}" for s in self.specs)
+        voters = ",".join(f"{s.node_id}@{s.host}:{s.controller_port}" for s in self.specs)
         rf = min(3, len(self.specs))
         scheme = "PLAINTEXT"  # the secured listeners are added by BrokerSecurity
         props = {
             "process.roles": "broker,controller",
             "node.id": str(spec.node_id),
             "controller.quorum.voters": voters,
-            "listeners": f"{scheme}://127.0.0.1:{spec.port},CONTROLLER://127.0.0.1:{spec.controller_port}",
-            "advertised.listeners": f"{scheme}://127.0.0.1:{spec.port}",
+            "listeners": f"{scheme}://{spec.host}:{spec.port},CONTROLLER://{spec.host}:{spec.controller_port}",
+            "advertised.listeners": f"{scheme}://{spec.host}:{spec.port}",
             "inter.broker.listener.name": scheme,
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{scheme}:{scheme}",
@@ -254,6 +266,8 @@ class LocalCluster:
         name, _, option = logging_config(self.version)
         cmd.append(option.format(path=spec.data_dir / name))
         cmd += ["-cp", f"{lib}/*", "kafka.Kafka", str(spec.data_dir / "server.properties")]
+        if self.launch_prefix is not None:
+            cmd = [*self.launch_prefix(spec), *cmd]
         out = open(spec.data_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
@@ -297,7 +311,8 @@ class LocalCluster:
             "bootstrap": self.bootstrap,
             "nodes": [
                 {"node_id": s.node_id, "port": s.port, "controller_port": s.controller_port,
-                 "data_dir": str(s.data_dir), "tls_port": s.tls_port, "mtls_port": s.mtls_port}
+                 "data_dir": str(s.data_dir), "tls_port": s.tls_port, "mtls_port": s.mtls_port,
+                 "host": s.host}
                 for s in self.specs
             ],
         }

@@ -443,3 +443,29 @@ def test_aiokafka_offers_every_method_of_the_protocol(proto: type, real: type) -
 def test_aiokafka_records_carry_every_field_of_the_protocol(proto: type, fields: Any) -> None:
     missing = sorted(set(_members(proto)) - set(fields))
     assert not missing, f"aiokafka {aiokafka.__version__} records lack {missing} (protocols.{proto.__name__})"
+
+
+async def test_an_offsets_future_orphaned_by_a_cancelled_send_is_retrieved_when_fenced() -> None:
+    """``send_offsets_to_transaction`` shields its future: a transaction deadline that cancels the
+    await leaves it queued; when a newer producer fences this one, aiokafka fails it and drops it
+    from the queue (seen in tests/faults as ``Future exception was never retrieved ...
+    ProducerFenced`` created in ``add_offsets_to_txn``). ``settle_sends`` marks it as it is made."""
+    from aiokafka.errors import ProducerFenced
+
+    from streamsched.kafka.fencing import settle_sends
+
+    src = inspect.getsource(AIOKafkaProducer.send_offsets_to_transaction)
+    assert "self._txn_manager.add_offsets_to_txn(" in src and "await asyncio.shield(fut)" in src, \
+        _changed("AIOKafkaProducer.send_offsets_to_transaction", "settle_sends")
+    for settle in (True, False):
+        txn = TransactionManager("tx", 60_000)
+        txn.set_pid_and_epoch(1, 0)
+        txn.begin_transaction()
+        producer = SimpleNamespace(_txn_manager=txn)
+        if settle:
+            settle_sends(producer)  # type: ignore[arg-type]
+        fut = txn.add_offsets_to_txn({TopicPartition("t", 0): (5, "")}, "g")
+        txn.fatal_error(ProducerFenced())  # the sender ended fenced: the queue is cleared
+        await asyncio.sleep(0)  # done callbacks run
+        assert fut.done() and fut._log_traceback is not settle, settle
+        fut.exception()  # the unsettled case, retrieved here so this test logs nothing itself

@@ -87,3 +87,30 @@ def test_a_data_dir_keeps_the_release_it_was_formatted_with(tmp_path: Path) -> N
     assert kept.version == "3.9.1"
     with pytest.raises(BrokerError, match=r"holds a Kafka 3\.9\.1 cluster"):
         broker.LocalCluster(data_dir=tmp_path, kafka_version="4.4.0")._plan()
+
+
+def test_nodes_bind_and_advertise_their_own_hosts_and_launch_behind_a_prefix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fault scenarios (tests/faults) run each node in its own network namespace.
+    hosts = ["10.231.0.11", "10.231.0.12"]
+    cluster = broker.LocalCluster(data_dir=tmp_path, nodes=2, hosts=hosts,
+                                  launch_prefix=lambda spec: ["ip", "netns", "exec", f"ns{spec.node_id}"])
+    cluster._plan()
+    assert cluster.bootstrap == ",".join(f"{h}:{s.port}" for h, s in zip(hosts, cluster.specs, strict=True))
+    props = dict(line.split("=", 1) for line in cluster._properties(cluster.specs[1]).splitlines())
+    b, c = cluster.specs
+    assert props["listeners"] == f"PLAINTEXT://10.231.0.12:{c.port},CONTROLLER://10.231.0.12:{c.controller_port}"
+    assert props["advertised.listeners"] == f"PLAINTEXT://10.231.0.12:{c.port}"
+    assert props["controller.quorum.voters"] == (f"1@10.231.0.11:{b.controller_port},"
+                                                 f"2@10.231.0.12:{c.controller_port}")
+    launched: list[list[str]] = []
+    monkeypatch.setattr(broker.subprocess, "Popen", lambda cmd, **kw: launched.append(cmd))
+    c.data_dir.mkdir(parents=True)
+    cluster._launch(c, tmp_path)
+    assert launched[0][:4] == ["ip", "netns", "exec", "ns2"] and launched[0][-2] == "kafka.Kafka"
+    cluster._save("x")  # a restart finds the hosts again
+    again = broker.LocalCluster(data_dir=tmp_path)
+    again._plan()
+    assert again.bootstrap == cluster.bootstrap
+    with pytest.raises(BrokerError, match="one address per node"):
+        broker.LocalCluster(data_dir=tmp_path / "other", nodes=3, hosts=hosts)._plan()

@@ -1,0 +1,1 @@
+"""The fault matrix (``make test-faults``): scenarios on a fresh three-node cluster each."""
