@@ -23,6 +23,7 @@ from consumers.harness import (
     seeded_workflow,
     unresolved_below_commit,
 )
+from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import group_lag, read_topic
 from streamsched.testing import WorkerProcess, wait_drained
 
@@ -43,6 +44,12 @@ async def test_restart_from_local_store_reads_only_the_tail(bootstrap: str, tmp_
     wf, events = await seeded_workflow(bootstrap, "due_runs", "store", tmp_path, partitions=2,
                                        unique=120, duplicates=40, noise=4)
     env = {**CRASH_ENV, **wf.env, "STREAMSCHED_STORE_DIR": str(tmp_path / "stores")}
+    # The doomed worker must open a store for every partition before it dies, or the restart
+    # rightly restores that partition cold. A state partition created by the worker itself may
+    # refuse ListOffsets for seconds (NotLeaderOrFollower while its replica is made) and the other
+    # partition can reach the failpoint first: the topic exists and answers before the worker starts.
+    await apply(bootstrap, [TopicSpec(wf.state_topic, 2, kind="state")])
+    assert await read_topic(bootstrap, wf.state_topic) == []
 
     doomed = WorkerProcess(wf.app_ref, bootstrap, env={**env, "STREAMSCHED_FAILPOINT": "after_effect:70"},
                            log_path=tmp_path / "doomed.log").start()
