@@ -172,6 +172,19 @@ class StoreUnwritable(StreamschedError):
         self.reason = reason
 
 
+class RegistryUnavailable(StreamschedError):
+    """The schema registry did not answer usefully: unreachable, timing out, refusing our
+    credentials or failing. Never the record's fault: a worker's partition waits with backoff
+    and then reads the same records again (nothing is dead-lettered for it). ``reason`` is a
+    fixed phrase or an HTTP status, never a URL, credential or schema."""
+
+    kind = "registry_unavailable"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"schema registry unavailable: {reason}")
+        self.reason = reason
+
+
 class CommandNotAllowed(StreamschedError):
     """A handler used a command its scheduler role does not declare."""
 

@@ -146,6 +146,17 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     _v("PRODUCER_OPTIONS", "options", "aiokafka options for producers", **_CONN),
     _v("CONSUMER_OPTIONS", "options", "aiokafka options for consumers", **_CONN),
     _v("ADMIN_OPTIONS", "options", "aiokafka options for admin clients", **_CONN),
+    _v("REGISTRY_URL", "str", "schema registry (Confluent-compatible API) of topics in the registry "
+       "wire format, http(s)://host[:port][/path]", **_CONN),
+    _v("REGISTRY_USERNAME", "str", "schema registry user (HTTP basic auth)", **_CONN),
+    _v("REGISTRY_PASSWORD", "secret", "schema registry password (or a file: "
+       "STREAMSCHED_REGISTRY_PASSWORD_FILE)", **_CONN),
+    _v("REGISTRY_PASSWORD_FILE", "path", "file holding the schema registry password", **_CONN),
+    _v("REGISTRY_TOKEN", "secret", "schema registry bearer token (or a file: "
+       "STREAMSCHED_REGISTRY_TOKEN_FILE)", **_CONN),
+    _v("REGISTRY_TOKEN_FILE", "path", "file holding a schema registry bearer token", **_CONN),
+    _v("REGISTRY_CAFILE", "path", "CA certificates (PEM) an https registry's certificate is verified "
+       "against", default="system CAs", **_CONN),
     _v("ALLOW_UNTESTED_KAFKA", "bool", "connect to a Kafka release streamsched is not tested with",
        default="false", **_CONN),
     # A worker (`streamsched run`) and a ticker (`schedule tick`).

@@ -65,7 +65,7 @@ from typing import Any
 from streamsched.errors import ConfigError
 from streamsched.kafka import clientlog, compat, security, version
 from streamsched.kafka.protocols import GroupConsumer, Producer, TopicPartitionLike, TransactionalProducer
-from streamsched.kafka.security import Secret
+from streamsched.kafka.security import RegistrySettings, Secret
 from streamsched.model.retry import register_transport_errors
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,8 @@ class Connection:
     admin_options: dict[str, Any] = field(default_factory=dict)
     allow_untested_kafka: bool = False
     """Connect to a Kafka release that is not tested (see :mod:`streamsched.kafka.version`)."""
+    registry: RegistrySettings | None = None
+    """The schema registry of topics in the ``registry`` wire format (:mod:`streamsched.kafka.registry`)."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap or not isinstance(self.bootstrap, str):
@@ -146,10 +148,10 @@ class Connection:
                        self.oauth_token_provider, self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile,
                        self.ssl_key_password)
         kinds = ("consumer", "producer", "admin")
-        _check_options(self.options, "client", kinds)
-        _check_options(self.producer_options, "producer", ("producer",))
-        _check_options(self.consumer_options, "consumer", ("consumer",))
-        _check_options(self.admin_options, "admin", ("admin",))
+        security.check_options(USER_LOCKED, self.options, "client", kinds)
+        security.check_options(USER_LOCKED, self.producer_options, "producer", ("producer",))
+        security.check_options(USER_LOCKED, self.consumer_options, "consumer", ("consumer",))
+        security.check_options(USER_LOCKED, self.admin_options, "admin", ("admin",))
         if self.uses_tls:
             self.ssl_context()  # a missing or unreadable CA/cert/key is a config error now
 
@@ -219,6 +221,8 @@ class Connection:
                 out[name] = sorted(value)  # names only: a value may be anything
         if self.allow_untested_kafka:
             out["allow_untested_kafka"] = True
+        if self.registry is not None:
+            out["registry"] = self.registry.describe()
         return out
 
     def __repr__(self) -> str:
@@ -235,24 +239,6 @@ USER_LOCKED = (LOCKED_CONSUMER | LOCKED_PRODUCER | security.SECURITY_OPTIONS
 """Options a connection may not carry: the safety settings (auto commit, offset reset, isolation,
 acks, idempotence, transactional id, assignment strategy), what the project itself decides per
 client (group, serializers, partitioner) and security (set through the typed fields)."""
-
-
-def _check_options(options: dict[str, Any], what: str, kinds: tuple[str, ...]) -> None:
-    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
-        raise ConfigError(f"{what} options must be a mapping of option names to values")
-    bad = sorted(set(options) & USER_LOCKED)
-    if bad:
-        security_bad = [b for b in bad if b in security.SECURITY_OPTIONS]
-        if security_bad:
-            raise ConfigError(f"{what} option(s) {', '.join(security_bad)}: set security through the "
-                              "connection's security settings (--security-protocol, --sasl-*, --ssl-*)")
-        raise ConfigError(f"{what} option(s) {', '.join(bad)} are fixed by streamsched for safety "
-                          "and cannot be set")
-    known = frozenset().union(*(security.accepted(k) for k in kinds))
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigError(f"unknown {what} option(s) {', '.join(unknown)} (aiokafka "
-                          f"{'/'.join(kinds)} options, e.g. request_timeout_ms)")
 
 
 Conn = Connection | str

@@ -12,7 +12,9 @@ import inspect
 import logging
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from streamsched.errors import ConfigError
 
@@ -189,3 +191,70 @@ def redact_client_logs() -> None:
     logger = logging.getLogger("aiokafka.conn")
     if _REDACTION not in logger.filters:
         logger.addFilter(_REDACTION)
+
+
+def check_options(locked: frozenset[str], options: dict[str, Any], what: str, kinds: tuple[str, ...]) -> None:
+    """Extra client options of a connection: a mapping, none of the ``locked`` ones (security
+    ones named as such), each one an aiokafka ``kinds`` client accepts."""
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise ConfigError(f"{what} options must be a mapping of option names to values")
+    bad = sorted(set(options) & locked)
+    if bad:
+        security_bad = [b for b in bad if b in SECURITY_OPTIONS]
+        if security_bad:
+            raise ConfigError(f"{what} option(s) {', '.join(security_bad)}: set security through the "
+                              "connection's security settings (--security-protocol, --sasl-*, --ssl-*)")
+        raise ConfigError(f"{what} option(s) {', '.join(bad)} are fixed by streamsched for safety "
+                          "and cannot be set")
+    known = frozenset().union(*(accepted(k) for k in kinds))
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown {what} option(s) {', '.join(unknown)} (aiokafka "
+                          f"{'/'.join(kinds)} options, e.g. request_timeout_ms)")
+
+
+REGISTRY_CONTENT_TYPE: Final = "application/vnd.schemaregistry.v1+json"
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """Where the schema registry is and how to authenticate to it: HTTP basic auth
+    (``username`` + ``password``) or a bearer ``token``; ``cafile`` verifies an https
+    registry's certificate (default: the system's CAs). Secrets are masked in every repr."""
+
+    url: str
+    username: str | None = None
+    password: Secret | None = None
+    token: Secret | None = None
+    cafile: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "password", secret(self.password))
+        object.__setattr__(self, "token", secret(self.token))
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError("the schema registry URL must be http(s)://host[:port][/path]")
+        if parts.username or parts.password:
+            raise ConfigError("the schema registry URL must not hold credentials: use the registry "
+                              "username and password (or token) settings")
+        if (self.username is None) != (self.password is None):
+            raise ConfigError("schema registry basic auth needs both a username and a password")
+        if self.token is not None and self.username is not None:
+            raise ConfigError("schema registry: give basic auth or a bearer token, not both")
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"url": self.url}
+        if self.username is not None:
+            out.update(username=self.username, credentials="password")
+        elif self.token is not None:
+            out["credentials"] = "token"
+        if self.cafile:
+            out["cafile"] = self.cafile
+        return out
+
+    def headers(self) -> dict[str, str]:
+        out = {"Accept": REGISTRY_CONTENT_TYPE}
+        if self.token is not None:
+            out["Authorization"] = f"Bearer {self.token.reveal()}"
+        return out

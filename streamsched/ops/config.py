@@ -50,7 +50,7 @@ from typing import Any
 from streamsched import settings
 from streamsched.errors import ConfigError
 from streamsched.kafka.clients import Connection
-from streamsched.kafka.security import SASL_MECHANISMS, SECURITY_PROTOCOLS, Secret
+from streamsched.kafka.security import SASL_MECHANISMS, SECURITY_PROTOCOLS, RegistrySettings, Secret
 from streamsched.kafka.version import ALLOW_ENV, tested_range
 
 log = logging.getLogger(__name__)
@@ -111,13 +111,30 @@ SETTINGS: tuple[Setting, ...] = (
             "KEY=VALUE aiokafka consumer option (repeatable)", "options"),
     Setting("admin_options", "--admin-option", "STREAMSCHED_ADMIN_OPTIONS", ("admin",),
             "KEY=VALUE aiokafka admin client option (repeatable)", "options"),
+    Setting("registry_url", "--registry-url", "STREAMSCHED_REGISTRY_URL", ("registry", "url"),
+            "schema registry (Confluent-compatible API) of topics in the registry wire format"),
+    Setting("registry_username", "--registry-username", "STREAMSCHED_REGISTRY_USERNAME",
+            ("registry", "username"), "schema registry user (HTTP basic auth)"),
+    Setting("registry_password_file", "--registry-password-file", "STREAMSCHED_REGISTRY_PASSWORD_FILE",
+            ("registry", "password_file"),
+            "file holding the schema registry password (or set STREAMSCHED_REGISTRY_PASSWORD)", "path"),
+    Setting("registry_token_file", "--registry-token-file", "STREAMSCHED_REGISTRY_TOKEN_FILE",
+            ("registry", "token_file"),
+            "file holding a schema registry bearer token (or set STREAMSCHED_REGISTRY_TOKEN)", "path"),
+    Setting("registry_cafile", "--registry-cafile", "STREAMSCHED_REGISTRY_CAFILE", ("registry", "cafile"),
+            "CA certificates (PEM) an https registry's certificate is verified against", "path",
+            default="the system's CAs"),
     Setting("allow_untested_kafka", "--allow-untested-kafka", ALLOW_ENV, ("allow_untested_kafka",),
             f"connect to a Kafka release streamsched is not tested with (tested: {tested_range()})",
             "bool", default="false"),
 )
 CONFIG_ENV = "STREAMSCHED_CONFIG"
 SECRET_ENV = {"sasl_password": "STREAMSCHED_SASL_PASSWORD",
-              "ssl_key_password": "STREAMSCHED_SSL_KEY_PASSWORD"}
+              "ssl_key_password": "STREAMSCHED_SSL_KEY_PASSWORD",
+              "registry_password": "STREAMSCHED_REGISTRY_PASSWORD",
+              "registry_token": "STREAMSCHED_REGISTRY_TOKEN"}
+_SECRET_KEYS = {"sasl_password": ("sasl", "password"), "ssl_key_password": ("ssl", "key_password"),
+                "registry_password": ("registry", "password"), "registry_token": ("registry", "token")}
 
 
 @dataclass(frozen=True)
@@ -137,10 +154,14 @@ FILE_KEYS: tuple[FileKey, ...] = (
             f"{SECRET_ENV['sasl_password']} or password_file are preferred)"),
     FileKey(("ssl", "key_password"), "none", "the client key's password in the file itself (keep the "
             "file private)"),
+    FileKey(("registry", "password"), "none", "the schema registry password in the file itself (keep "
+            "the file private)"),
+    FileKey(("registry", "token"), "none", "a schema registry bearer token in the file itself (keep "
+            "the file private)"),
 )
-_FILE_KEYS = {k.key[0] for k in FILE_KEYS} | {"sasl", "ssl"}
+_FILE_KEYS = {k.key[0] for k in FILE_KEYS} | {"sasl", "ssl", "registry"}
 _SECTION_KEYS = {section: {k.key[1] for k in FILE_KEYS if len(k.key) == 2 and k.key[0] == section}
-                 for section in ("sasl", "ssl")}
+                 for section in ("sasl", "ssl", "registry")}
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
@@ -202,6 +223,7 @@ def resolve_connection(args: argparse.Namespace | Mapping[str, Any] | None = Non
                            file_doc.get("ssl", {}))
     provider_ref = values.pop("sasl_oauth_token_provider")
     return Connection(
+        registry=_registry(values, env, file_doc.get("registry", {})),
         bootstrap=values["bootstrap"],
         options=values["client_options"],
         security_protocol=values["security_protocol"] or "PLAINTEXT",
@@ -234,14 +256,14 @@ def load_file(path: Path) -> dict[str, Any]:
     unknown = sorted(set(doc) - _FILE_KEYS)
     if unknown:
         raise ConfigError(f"connection file {path}: unknown key(s) {', '.join(unknown)}")
-    for section in ("sasl", "ssl", "client", "producer", "consumer", "admin"):
+    for section in ("sasl", "ssl", "registry", "client", "producer", "consumer", "admin"):
         if section in doc and not isinstance(doc[section], dict):
             raise ConfigError(f"connection file {path}: [{section}] must be a table")
     for section, allowed in _SECTION_KEYS.items():
         extra = sorted(set(doc.get(section, {})) - allowed)
         if extra:
             raise ConfigError(f"connection file {path}: unknown key(s) {', '.join(extra)} in [{section}]")
-    if any(k in doc.get("sasl", {}) for k in ("password",)) or "key_password" in doc.get("ssl", {}):
+    if any(_dig(doc, key) is not None for key in _SECRET_KEYS.values()):
         _warn_if_shared(path)
     return doc
 
@@ -312,11 +334,24 @@ def _secret(name: str, file_path: str | None, env: Mapping[str, str],
                               f"({type(exc).__name__})") from None
     if env.get(SECRET_ENV[name]):
         return Secret(env[SECRET_ENV[name]])
-    key = "password" if name == "sasl_password" else "key_password"
-    value = section.get(key)
+    value = section.get(_SECRET_KEYS[name][1])
     if value is not None and not isinstance(value, str):
         raise ConfigError(f"the {name.replace('_', ' ')} in the connection file must be a string")
     return Secret(value) if value else None
+
+
+def _registry(values: dict[str, Any], env: Mapping[str, str],
+              section: Mapping[str, Any]) -> RegistrySettings | None:
+    """The schema registry settings (None: no registry URL anywhere)."""
+    password = _secret("registry_password", values.pop("registry_password_file"), env, section)
+    token = _secret("registry_token", values.pop("registry_token_file"), env, section)
+    url, username, cafile = (values.pop(k) for k in ("registry_url", "registry_username", "registry_cafile"))
+    if url is None:
+        if username or password or token or cafile:
+            raise ConfigError("schema registry settings are given without a registry URL "
+                              "(--registry-url or STREAMSCHED_REGISTRY_URL)")
+        return None
+    return RegistrySettings(url, username=username, password=password, token=token, cafile=cafile)
 
 
 def import_ref(ref: str, what: str = "the reference") -> Any:

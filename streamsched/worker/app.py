@@ -41,6 +41,7 @@ from streamsched.model.limits import (
 )
 from streamsched.model.names import internal_topic, transactional_prefix, validate_name
 from streamsched.model.retry import RetryPolicy
+from streamsched.wire.registry import WireFormat, check_format
 from streamsched.wire.transition import encode_transition
 
 
@@ -245,9 +246,14 @@ class SchedulerDef:
     selection_wait_s: float = 1.0
     group: str = ""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    wire_format: WireFormat = "streamsched"
+    """How services frame events on ``topic``: ``streamsched`` (our envelope) or ``registry``
+    (a schema registry's framing; the worker then needs a registry, see
+    :mod:`streamsched.wire.registry`). Internal topics always use our envelope."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_format(self.wire_format, f"scheduler {self.name}")
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError("retry must be a streamsched RetryPolicy")
         legacy = self.extra.get("retry")

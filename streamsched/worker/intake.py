@@ -36,6 +36,7 @@ from streamsched.kafka.admin import apply, partition_counts
 from streamsched.kafka.member import GroupMember, Membership
 from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
+from streamsched.kafka.registry import SchemaCache, client_for
 from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_id
@@ -108,6 +109,9 @@ class Worker:
         self.due = DueIndex(max_items=config.due_index_items)
         check_horizon(config.outcome_horizon_s)
         self.stores: Any = None
+        # One cache of writer schemas for every partition (a ConfigError now if no registry is set).
+        self.schemas = (SchemaCache(client_for(config.bootstrap)) if scheduler.wire_format == "registry"
+                        else None)
         if config.store_dir is not None:
             from streamsched.worker.rocksenv import StoreEnv  # rocksdict only when asked for
 
@@ -180,6 +184,8 @@ class Worker:
         finally:
             if self.stores is not None:
                 self.stores.close()
+            if self.schemas is not None:
+                await self.schemas.client.close()
 
     # --- the owner hooks --------------------------------------------------------------------------
 
@@ -209,7 +215,7 @@ class Worker:
                            owner=self.config.owner, metrics=self.metrics,
                            commit_interval_s=self.config.commit_interval_s,
                            bootstrap=self.config.bootstrap,
-                           txn_deadline_s=self.config.transaction_deadline_s)
+                           txn_deadline_s=self.config.transaction_deadline_s, schemas=self.schemas)
         # Resume from the committed offsets, read after our fence: no earlier owner can move
         # them any more, and a failed batch of a previous owner of ours comes back.
         resume: dict[PartitionKey, int] = {}

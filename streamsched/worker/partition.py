@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
 
+from streamsched.errors import RegistryUnavailable
 from streamsched.kafka.owner import PartitionOwner
 from streamsched.kafka.protocols import ConsumerRecord, PartitionKey
 from streamsched.logs import log_context
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.turn import TurnRunner
 
+log = logging.getLogger(__name__)
+
+REGISTRY_BACKOFF_S = (0.2, 5.0)
+"""First and longest wait between a partition's attempts to reach an unavailable registry."""
 HOLD_LOOP_S = 0.002
 """Longest a partition's turns run back to back before letting the event loop serve others."""
 
@@ -68,8 +74,11 @@ class PartitionRunner:
             room = turns.room()
             if self.queue and room > 0:
                 n = min(len(self.queue), room)
-                batch = turns.prepare([self.queue.popleft() for _ in range(n)])
-                await turns.step(batch)
+                records = [self.queue.popleft() for _ in range(n)]
+                if turns.schemas is not None and not await self._schemas_loaded(records):
+                    self.queue.extendleft(reversed(records))  # the owner stops: the next one reads them
+                    break
+                await turns.step(turns.prepare(records))
                 if time.monotonic() - held_since >= HOLD_LOOP_S:
                     # Handlers that never wait make a step that never suspends, so a backlog would
                     # hold the event loop until it is gone, delaying every other partition's
@@ -88,3 +97,30 @@ class PartitionRunner:
             self.wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), wait)
+
+    async def _schemas_loaded(self, records: list[ConsumerRecord]) -> bool:
+        """Wait until the registry resolves every writer schema ``records`` name, retrying with
+        backoff while it is unreachable (False: the owner stops first). Records wait here, in
+        order: none is decoded, dead-lettered or committed without its schema."""
+        turns, metrics, partition = self.turns, self.turns.metrics, str(self.partition)
+        backoff, waiting = REGISTRY_BACKOFF_S[0], False
+        while True:
+            try:
+                await turns.load_schemas(records)
+            except RegistryUnavailable as exc:
+                metrics.error(exc)
+                if not waiting:
+                    waiting = True
+                    metrics.set_gauge("registry_waiting", 1, partition=partition)
+                    log.warning("partition waits for the schema registry: %s", exc.reason)
+                self.wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), backoff)
+                if self.owner.stopping:
+                    return False
+                backoff = min(backoff * 2, REGISTRY_BACKOFF_S[1])
+                continue
+            if waiting:
+                metrics.set_gauge("registry_waiting", 0, partition=partition)
+                log.info("the schema registry answers again; the partition goes on")
+            return True

@@ -10,22 +10,26 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from streamsched import failpoints
-from streamsched.errors import DecodeError, StreamschedError
+from streamsched.errors import DecodeError, RegistryUnavailable, StreamschedError
 from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.model.event import TransitionEvent
 from streamsched.model.fastinit import fast_init
 from streamsched.model.limits import MAX_PARK_S
+from streamsched.wire.avro_schema import MAGIC
 from streamsched.wire.control import REDRIVE, RedriveRequest, control_kind, decode_request
 from streamsched.wire.dead_letter import NO_VALUE_REASON
 from streamsched.wire.partitioner import partition_for_key
+from streamsched.wire.registry import WriterSchema, decode_registry, schema_id_of
 from streamsched.wire.transition import decode_transition
 from streamsched.worker.app import SchedulerDef
+
+ENVELOPE = bytes((MAGIC,))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -116,10 +120,41 @@ class Batch:
         return [it for it in self.items if id(it) not in leaders]
 
 
-def classify(s: SchedulerDef, rec: ConsumerRecord, *, control: bool = True) -> Item:
+Schemas = Callable[[int], WriterSchema | None]
+"""The writer schemas a worker has loaded from the registry, by id (None: not loaded)."""
+
+
+def registry_ids(s: SchedulerDef, records: Iterable[ConsumerRecord]) -> set[int]:
+    """The writer schema ids the registry-framed records of ``s``'s topic name."""
+    if s.wire_format != "registry":
+        return set()
+    found = (schema_id_of(r.value) for r in records if r.topic == s.topic)
+    return {i for i in found if i is not None}
+
+
+def _decode(s: SchedulerDef, rec: ConsumerRecord, schemas: Schemas | None) -> TransitionEvent:
+    value = rec.value
+    assert value is not None
+    # A registry topic also takes our envelope: records re-produced by an older producer or
+    # forwarded by a worker keep working while services move to the registry.
+    if s.wire_format == "registry" and rec.topic == s.topic and value[:1] != ENVELOPE:
+        schema_id = schema_id_of(value)
+        found = schemas(schema_id) if schemas is not None and schema_id is not None else None
+        if found is None:
+            if schema_id is None:
+                raise DecodeError("bad magic")
+            # Never a dead letter: the partition loop loads every id before step 1 runs.
+            raise RegistryUnavailable("writer schema not loaded")
+        return decode_registry(value, found)
+    return decode_transition(value)
+
+
+def classify(s: SchedulerDef, rec: ConsumerRecord, *, control: bool = True,
+             schemas: Schemas | None = None) -> Item:
     """One record as step 1 sees it: decoded, selected (an identity) or not (none), or a dead
-    letter with its kind (``decode``, ``bound``, ``misrouted``). ``replay --verify`` counts with
-    this same function, so it predicts exactly what a worker would do."""
+    letter with its kind (``decode``, ``schema``, ``bound``, ``misrouted``). ``replay --verify``
+    counts with this same function, so it predicts exactly what a worker would do.
+    ``schemas``: the loaded writer schemas of a registry-format topic."""
     if control and rec.headers:
         kind = control_kind(rec.headers)
         if kind is not None:
@@ -127,9 +162,9 @@ def classify(s: SchedulerDef, rec: ConsumerRecord, *, control: bool = True) -> I
     if rec.value is None:
         return Item(rec, dead=("decode", NO_VALUE_REASON))
     try:
-        ev = decode_transition(rec.value)
+        ev = _decode(s, rec, schemas)
     except DecodeError as exc:
-        return Item(rec, dead=("decode", exc.reason))
+        return Item(rec, dead=("schema" if exc.reason.startswith("schema:") else "decode", exc.reason))
     if not s.selection.matches(ev):
         return Item(rec, ev)
     try:
@@ -147,8 +182,10 @@ class Selector:
 
     def __init__(self, scheduler: SchedulerDef, partition: int, *, owner: str, metrics: Metrics,
                  clock: Callable[[], int], current: Callable[[str], ClaimState],
-                 claimed: Callable[[str], bool] = lambda _identity: False) -> None:
+                 claimed: Callable[[str], bool] = lambda _identity: False,
+                 schemas: Schemas | None = None) -> None:
         self.s = scheduler
+        self.schemas = schemas
         self.partition = partition
         self.owner = owner
         self.metrics = metrics
@@ -160,7 +197,7 @@ class Selector:
     def item(self, rec: ConsumerRecord) -> Item:
         """Decode one record and resolve its identity, or say why it is a dead letter."""
         failpoints.hit("after_select")
-        return classify(self.s, rec)
+        return classify(self.s, rec, schemas=self.schemas)
 
     def prepare(self, records: Sequence[ConsumerRecord]) -> Batch:
         """Decode, select and resolve identities; leaders are picked by :meth:`select`."""

@@ -60,6 +60,7 @@ from collections.abc import Callable, Sequence
 
 from streamsched.kafka import clients
 from streamsched.kafka.protocols import ConsumerRecord, TransactionalProducer
+from streamsched.kafka.registry import SchemaCache
 from streamsched.kafka.txn import TXN_DEADLINE_S
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
@@ -69,7 +70,7 @@ from streamsched.worker.checkpoint import TxnSettings
 from streamsched.worker.feedback import FeedbackTopics, Lookup, admin_lookup
 from streamsched.worker.native import TXN_MAX_BYTES, TXN_MAX_RECORDS, KafkaNative
 from streamsched.worker.offsets import Offsets
-from streamsched.worker.selection import Batch, Selector
+from streamsched.worker.selection import Batch, Selector, registry_ids
 from streamsched.worker.statebase import StateBase
 from streamsched.worker.steps import PartitionSteps
 from streamsched.worker.store import export_corrupt
@@ -86,7 +87,8 @@ class TurnRunner:
                  retry: RetryPolicy | None = None, commit_interval_s: float = 0.1,
                  bootstrap: clients.Conn = "", partitions: int | None = None,
                  feedback_lookup: Lookup | None = None, claim_first: bool | None = None,
-                 txn_deadline_s: float = TXN_DEADLINE_S, rng: random.Random | None = None) -> None:
+                 txn_deadline_s: float = TXN_DEADLINE_S, rng: random.Random | None = None,
+                 schemas: SchemaCache | None = None) -> None:
         """``partitions``: the transition topic's partition count (asked of the producer's
         metadata before the first batch when not given). ``feedback_lookup``: how a schedule
         feedback topic's partition count is found (default: an admin request via ``bootstrap``).
@@ -94,6 +96,7 @@ class TurnRunner:
         when the scheduler has an external command. ``commit_interval_s``: how often offsets
         ride in a transaction under load, and how long a Kafka-native transaction gathers.
         ``rng``: the source of retry jitter (seeded by tests that must replay exactly).
+        ``schemas``: the worker's writer schemas of a registry-format topic.
         """
         self.scheduler = scheduler
         self.partition = partition
@@ -115,8 +118,10 @@ class TurnRunner:
                                   commit_interval_s=commit_interval_s)
         self.native: KafkaNative | None = None if self.claim_first else KafkaNative(
             steps, txn, self.offsets, careful=self.window, commit_interval_s=commit_interval_s)
+        self.schemas = schemas
         self._selector = Selector(scheduler, partition, owner=owner, metrics=metrics, clock=clock,
-                                  current=self._current, claimed=self.window.claims)
+                                  current=self._current, claimed=self.window.claims,
+                                  schemas=schemas.get if schemas is not None else None)
         export_corrupt(state, metrics)
 
     def _current(self, identity: str) -> ClaimState:
@@ -180,6 +185,14 @@ class TurnRunner:
         return self.window.wait_s(in_hand=in_hand)
 
     # --- 1. select (streamsched.worker.selection) ---------------------------------------------
+
+    async def load_schemas(self, records: Sequence[ConsumerRecord]) -> None:
+        """Load the writer schemas registry-framed ``records`` name, before :meth:`prepare`
+        decodes them (raises RegistryUnavailable: the partition loop waits and asks again)."""
+        if self.schemas is not None:
+            ids = registry_ids(self.scheduler, records)
+            if ids:
+                await self.schemas.load(ids)
 
     def prepare(self, records: Sequence[ConsumerRecord]) -> Batch:
         """Step 1 for a batch: decode, select, resolve identities, pick one leader per identity.
