@@ -47,6 +47,7 @@ from streamsched.errors import BrokerError, ConfigError, TopicMismatch
 from streamsched.kafka import clients
 from streamsched.model.limits import MAX_PARK_S
 from streamsched.model.names import RESERVED_PREFIX, validate_name
+from streamsched.wire.registry import WireFormat, check_format
 
 TopicKind = Literal["transition", "state", "output", "dead_letter", "delay", "audit"]
 
@@ -95,9 +96,14 @@ class TopicSpec:
     """None: the cluster's default, ``min(3, brokers)`` (see :meth:`resolved`)."""
     kind: TopicKind = "transition"
     config: dict[str, str] = field(default_factory=dict)
+    wire_format: WireFormat = "streamsched"
+    """How services frame a transition topic's events (``format`` in a definition file)."""
 
     def __post_init__(self) -> None:
         validate_name(self.name, "topic", internal=True)
+        check_format(self.wire_format, f"topic {self.name}")
+        if self.wire_format != "streamsched" and self.kind != "transition":
+            raise ConfigError(f"topic {self.name}: only transition topics take a wire format")
         if not 1 <= self.partitions <= 1024:
             raise ConfigError(f"topic {self.name}: partitions must be 1..1024")
         if self.replication is not None and not 1 <= self.replication <= 16:
@@ -116,7 +122,8 @@ class TopicSpec:
             object.__setattr__(self, "config", kept)
 
     def with_replication(self, replication: int | None) -> TopicSpec:
-        return TopicSpec(self.name, self.partitions, replication, self.kind, dict(self.config))
+        return TopicSpec(self.name, self.partitions, replication, self.kind, dict(self.config),
+                         self.wire_format)
 
     @property
     def internal(self) -> bool:
@@ -130,7 +137,7 @@ class TopicSpec:
         config = dict(self.config)
         if self.internal:
             config.setdefault("min.insync.replicas", str(default_min_insync(rf)))
-        return TopicSpec(self.name, self.partitions, rf, self.kind, config)
+        return TopicSpec(self.name, self.partitions, rf, self.kind, config, self.wire_format)
 
 
 def _delay_config(name: str, config: dict[str, str]) -> dict[str, str]:
@@ -169,7 +176,7 @@ def load_file(path: Path) -> list[TopicSpec]:
 
 
 def _spec_from_table(raw: dict[str, Any], path: Path) -> TopicSpec:
-    unknown = set(raw) - {"name", "partitions", "replication", "kind", "config"}
+    unknown = set(raw) - {"name", "partitions", "replication", "kind", "config", "format"}
     if unknown:
         raise ConfigError(f"{path}: unknown keys {sorted(unknown)}")
     try:
@@ -178,7 +185,8 @@ def _spec_from_table(raw: dict[str, Any], path: Path) -> TopicSpec:
         rf = raw.get("replication")
         return TopicSpec(name=raw["name"], partitions=int(raw["partitions"]),
                          replication=None if rf is None else int(rf),
-                         kind=raw.get("kind", "transition"), config=config)
+                         kind=raw.get("kind", "transition"), config=config,
+                         wire_format=raw.get("format", "streamsched"))
     except KeyError as exc:
         raise ConfigError(f"{path}: topic needs {exc.args[0]!r}") from None
     except (TypeError, ValueError):

@@ -20,6 +20,10 @@ too, and adding partitions to a transition topic remaps identities in any case (
 Each record carries the caller's trace (W3C ``traceparent``) when an OpenTelemetry SDK is
 configured (:mod:`streamsched.tracing`); without one, no header is written.
 
+In the ``registry`` wire format (``Producer(conn, wire_format="registry")``) the value is framed
+as a schema registry's serializers frame it (:mod:`streamsched.wire.registry`): key and partition
+are the same.
+
 Validation happens before anything is produced: an event the worker would dead-letter raises
 :class:`~streamsched.errors.DecodeError` (reason ``"encode: ..."``), a tenant or target outside the
 identity bounds raises :class:`~streamsched.errors.BoundExceeded` or
@@ -29,20 +33,28 @@ identity bounds raises :class:`~streamsched.errors.BoundExceeded` or
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from streamsched import tracing
-from streamsched.errors import DecodeError, StreamschedError
+from streamsched.errors import ConfigError, DecodeError, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.protocols import Producer as KafkaProducer
 from streamsched.kafka.protocols import SentRecord
+from streamsched.kafka.registry import client_for
 from streamsched.kafka.writer import partition_for_key
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import route_key
 from streamsched.model.names import validate_name
+from streamsched.wire.registry import (
+    WireFormat,
+    check_format,
+    encode_registry,
+    subject_for,
+    transition_schema_text,
+)
 from streamsched.wire.transition import encode_transition
 
 __all__ = ["Producer", "ProducerNotStarted", "RecordMetadata", "encode_event"]
@@ -90,8 +102,18 @@ class Producer:
     :func:`~streamsched.kafka.clients.producer` refuses. Safe to share between tasks.
     """
 
-    def __init__(self, conn: clients.Conn, **options: Any) -> None:
+    def __init__(self, conn: clients.Conn, *, wire_format: WireFormat = "streamsched",
+                 auto_register: bool = True, **options: Any) -> None:
+        """``wire_format``: ``streamsched`` (our envelope) or ``registry`` (the schema
+        registry's framing, with the id our transition schema has under the topic's subject;
+        the connection must name a registry). ``auto_register``: in registry mode, register the
+        schema under a subject that lacks it (else a ConfigError says to run
+        ``streamsched schemas register``)."""
         self._conn = clients.connection(conn)
+        self.wire_format = check_format(wire_format, "Producer")
+        self._registry = client_for(self._conn) if wire_format == "registry" else None
+        self._auto_register = auto_register
+        self._schema_ids: dict[str, int] = {}
         self._options = options
         self._producer: KafkaProducer | None = None
         self._submitting = asyncio.Lock()
@@ -123,6 +145,8 @@ class Producer:
     async def stop(self) -> None:
         """Flush what is in flight and disconnect (a no-op if not started)."""
         producer, self._producer = self._producer, None
+        if self._registry is not None:
+            await self._registry.close()
         if producer is not None:
             await producer.stop()
 
@@ -148,11 +172,42 @@ class Producer:
             self._partitions[topic] = n
         return n
 
+    async def schema_id(self, topic: str) -> int:
+        """Registry mode: the id of our transition schema under ``topic``'s subject (looked up,
+        or registered when allowed, once per producer)."""
+        found = self._schema_ids.get(topic)
+        if found is not None:
+            return found
+        if self._registry is None:
+            raise ConfigError("schema ids are for a producer in the registry wire format")
+        subject, text = subject_for(topic), transition_schema_text()
+        found = await self._registry.lookup(subject, text)
+        if found is None:
+            if not self._auto_register:
+                raise ConfigError(f"the transition schema is not registered under {subject}: run "
+                                  f"`streamsched schemas register --topic {topic}`")
+            found = await self._registry.register(subject, text)
+        self._schema_ids[topic] = found
+        return found
+
+    async def _encoder(self, topic: str) -> Callable[[TransitionEvent], tuple[bytes, bytes]]:
+        if self._registry is None:
+            return encode_event
+        schema_id = await self.schema_id(topic)
+
+        def framed(event: TransitionEvent) -> tuple[bytes, bytes]:
+            if not isinstance(event, TransitionEvent):
+                raise DecodeError("encode: expected a TransitionEvent")
+            value = encode_registry(event, schema_id)  # validates, as encode_event does
+            return route_key(event.tenant, event.target), value
+
+        return framed
+
     async def send(self, topic: str, event: TransitionEvent) -> RecordMetadata:
         """Produce one event to its home partition and wait for the acknowledgement."""
         producer = self._started()
         validate_name(topic, "topic")
-        key, value = encode_event(event)
+        key, value = (await self._encoder(topic))(event)
         partition = partition_for_key(key, await self.partition_count(topic))
         headers = tracing.inject()  # the caller's trace, if an OpenTelemetry SDK records one
         md = await (await producer.send(topic, value, key=key, partition=partition, headers=headers))
@@ -168,7 +223,8 @@ class Producer:
         """
         producer = self._started()
         validate_name(topic, "topic")
-        encoded = [encode_event(ev) for ev in events]
+        encode = await self._encoder(topic)
+        encoded = [encode(ev) for ev in events]
         if not encoded:
             return []
         n = await self.partition_count(topic)

@@ -39,8 +39,9 @@ from streamsched.wire.avro import get_codec
 from streamsched.wire.avro_schema import MAGIC, parsed_schema, schema_dir
 from streamsched.wire.transition import decode_transition, encode_transition
 
-__all__ = ["FORMATS", "REGISTRY_MAGIC", "WireFormat", "WriterSchema", "decode_registry", "encode_registry",
-           "frame", "schema_id_of", "subject_for", "transition_schema_text", "writer_schema"]
+__all__ = ["FORMATS", "REGISTRY_MAGIC", "WireFormat", "WriterSchema", "check_format", "decode_registry",
+           "encode_registry", "frame", "resolves", "schema_id_of", "subject_for", "transition_schema_text",
+           "writer_schema"]
 
 WireFormat = Literal["streamsched", "registry"]
 FORMATS: Final[tuple[WireFormat, ...]] = ("streamsched", "registry")
@@ -100,9 +101,30 @@ def writer_schema(schema_id: int, text: str | None) -> WriterSchema:
         return WriterSchema(schema_id, problem=UNPARSEABLE)
     if canonical == _ours_canonical():
         return WriterSchema(schema_id)
-    if not isinstance(parsed, dict) or parsed.get("type") != "record":
+    if not isinstance(parsed, dict) or parsed.get("type") != "record" or not resolves(parsed):
         return WriterSchema(schema_id, problem=UNRESOLVABLE)
     return WriterSchema(schema_id, parsed=parsed)
+
+
+def resolves(writer: Any, *, samples: int = 8) -> bool:
+    """Whether records written with ``writer`` (parsed) read as transitions: sample records of
+    the writer schema are written and read back with resolution. What resolution refuses is
+    structural (a field we need that the writer lacks and we give no default, a type that does
+    not promote), so a few samples find it; a union branch only some samples take is why there
+    are several."""
+    from fastavro.utils import generate_many
+
+    try:
+        for datum in generate_many(writer, samples):
+            stream = io.BytesIO()
+            fastavro.schemaless_writer(stream, writer, datum)
+            stream.seek(0)
+            fastavro.schemaless_reader(stream, writer, parsed_schema("transition"))
+    except fastavro.read.SchemaResolutionError:
+        return False
+    except Exception:  # noqa: BLE001 - a sample our bounds refuse is not a resolution failure
+        return True
+    return True
 
 
 def frame(schema_id: int, body: bytes) -> bytes:

@@ -81,6 +81,9 @@ def cmd_topics(args: argparse.Namespace) -> int:
             base = by_name.get(sched.topic)
             if base is None:
                 raise ConfigError(f"scheduler {sched.name}: topic {sched.topic} is not defined")
+            if base.wire_format != sched.wire_format:
+                raise ConfigError(f"scheduler {sched.name} reads {sched.topic} in the {sched.wire_format} "
+                                  f"wire format, its definition says {base.wire_format}")
             derived.extend(sched.internal_topics(base.partitions, base.replication))
     bootstrap = connect(args)
     for name in args.catalog or ():

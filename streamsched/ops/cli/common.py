@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from streamsched.errors import ConfigError, StreamschedError
+from streamsched.errors import ConfigError, RegistryUnavailable, StreamschedError
 
 if TYPE_CHECKING:
     from streamsched.kafka.clients import Connection
@@ -136,7 +136,7 @@ exit codes:
          answering, `schedule rm|enable|disable` of a schedule that does not exist
   2      usage or configuration error, or input refused (a bad flag, MODULE:ATTR, event,
          topic definition or drift): nothing was sent
-  3      Kafka is unreachable or refused the request
+  3      Kafka or the schema registry is unreachable or refused the request
   4      a worker, ticker or relay stopped on an unexpected error
   128+N  stopped at once by a second signal N (130: two Ctrl-C, 143: two SIGTERMs)
 every failure is one line on stderr ("streamsched: ..."); STREAMSCHED_LOG=DEBUG adds the traceback
@@ -178,7 +178,7 @@ def report_failure(exc: Exception) -> int:
     ours = [e for e in leaves if isinstance(e, StreamschedError)]
     if ours:
         print(f"streamsched: {type(ours[0]).__name__}: {ours[0]}", file=sys.stderr)
-        return 2
+        return 3 if isinstance(ours[0], RegistryUnavailable) else 2
     broken_pipe = any(isinstance(e, BrokenPipeError) for e in leaves)
     if broken_pipe and not any(isinstance(e, KafkaError) for e in leaves):
         # The reader of our output went away (`streamsched ... | head`): like any Unix tool, stop

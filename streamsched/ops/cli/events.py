@@ -52,7 +52,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
     bootstrap = connect(args)
 
     async def send() -> Any:
-        async with Producer(bootstrap) as producer:
+        async with Producer(bootstrap, wire_format=args.wire_format) as producer:
             return await producer.send(args.topic, ev)
 
     md = asyncio.run(send())

@@ -43,6 +43,8 @@ from streamsched.ops.cli.parser_families import (
     add_schedule,
     add_topics,
 )
+from streamsched.ops.cli.schemas import add_schemas
+from streamsched.wire.registry import FORMATS
 
 _RUN_EPILOG = """\
 environment (besides the flags' own):
@@ -130,9 +132,13 @@ def build_parser() -> Parser:
                     else "the following arguments are required: --event")
     e.add_argument("--key", default=None,
                    help="record key; must equal the identity's route key (the default), else refused")
+    e.add_argument("--wire-format", default="streamsched", choices=FORMATS,
+                   help="how the topic frames events: streamsched (our envelope) or registry (the schema "
+                        "registry's framing; needs --registry-url)")
     add_output(e, default="json", json_alias=None)
     add_connection(e)
 
+    add_schemas(sub)
     add_dlq(sub)
     add_schedule(sub)
     add_outbox(sub)
