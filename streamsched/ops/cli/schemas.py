@@ -87,7 +87,8 @@ async def _check(client: Any, topic: str) -> dict[str, Any]:
     subject, ours = subject_for(topic), transition_schema_text()
     latest = await client.latest(subject)
     row: dict[str, Any] = {"topic": topic, "subject": subject,
-                           "registered_id": await client.lookup(subject, ours), "latest_version": None, "latest_id": None, "resolves": None, "reason": None,
+                           "registered_id": await client.lookup(subject, ours), "latest_version": None,
+                           "latest_id": None, "resolves": None, "reason": None,
                            "ours_compatible": await client.compatible(subject, ours)}
     if latest is not None:
         latest_id, version, text = latest
