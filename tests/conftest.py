@@ -14,6 +14,7 @@ import pytest
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.kafka.clients import Conn
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import business_identity
 from streamsched.model.retry import Terminal
@@ -120,7 +121,7 @@ class Recording:
         """The identities this scheduler gives ``events``."""
         return {business_identity(self.sched.identity_parts(e)) for e in events}
 
-    async def drain(self, bootstrap: str, *, timeout: float = 90, **config: Any) -> Worker:
+    async def drain(self, bootstrap: Conn, *, timeout: float = 90, **config: Any) -> Worker:
         """Run an in-process worker until its group has committed all of the scheduler's topic and
         delay topic; return it (stopped) so the test can read its metrics."""
         async with running_worker(self.sched, bootstrap, **config) as worker:
@@ -135,7 +136,7 @@ RecordingFactory = Callable[..., Recording]
 def recording_scheduler(unique: Callable[[str], str]) -> RecordingFactory:
     """``recording_scheduler(topic)``: a :class:`Recording` under a unique scheduler name."""
 
-    def make(topic: str, *, prefix: str = "s") -> Recording:
+    def make(topic: str, *, prefix: str = "s", **options: Any) -> Recording:
         app, name = App("recording"), unique(prefix).replace("-", "_")
         calls: list[CommandContext] = []
 
@@ -146,7 +147,7 @@ def recording_scheduler(unique: Callable[[str], str]) -> RecordingFactory:
 
         # No argument from the event: any valid one runs, an empty target too.
         @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[record],
-                       claim_duration_s=5)
+                       **{"claim_duration_s": 5, **options})
         async def handle(turn: Turn) -> None:
             await turn.commands.record()
 

@@ -111,7 +111,7 @@ async def running(service: S) -> AsyncIterator[S]:
         await asyncio.wait_for(task, 60)
 
 
-def running_worker(scheduler: SchedulerDef, bootstrap: str,
+def running_worker(scheduler: SchedulerDef, bootstrap: clients.Conn,
                    **config: Any) -> contextlib.AbstractAsyncContextManager[Worker]:
     """An in-process :class:`Worker` for the duration of the block, stopped cleanly after."""
     from streamsched.worker.intake import Worker, WorkerConfig

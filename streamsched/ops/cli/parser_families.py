@@ -27,7 +27,7 @@ from streamsched.ops.cli.grammar import (
     seconds,
 )
 
-DLQ_KINDS = ("decode", "bound", "misrouted", "terminal", "attempts_exhausted", "corrupt")
+DLQ_KINDS = ("decode", "schema", "bound", "misrouted", "terminal", "attempts_exhausted", "corrupt")
 """The kinds of dead letter a worker writes (wire/dead_letter.py), and ``corrupt`` (unreadable)."""
 
 _SCHEDULE_EPILOG = """\
