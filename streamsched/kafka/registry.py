@@ -67,11 +67,9 @@ class RegistryClient:
 
         if self._session is None:
             s = self.settings
-            auth = (aiohttp.BasicAuth(s.username, s.password.reveal())
-                    if s.username is not None and s.password is not None else None)
             context = ssl.create_default_context(cafile=s.cafile) if s.cafile else None
             self._session = aiohttp.ClientSession(
-                auth=auth, headers=s.headers(), timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                headers=s.headers(), timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 connector=aiohttp.TCPConnector(ssl=context if context is not None else True, limit=8))
         return self._session
 

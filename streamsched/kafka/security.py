@@ -7,6 +7,7 @@ whose ``repr``/``str`` are a fixed mask, and every error names the setting, neve
 
 from __future__ import annotations
 
+import base64
 import functools
 import inspect
 import logging
@@ -255,6 +256,9 @@ class RegistrySettings:
 
     def headers(self) -> dict[str, str]:
         out = {"Accept": REGISTRY_CONTENT_TYPE}
-        if self.token is not None:
+        if self.username is not None and self.password is not None:
+            pair = f"{self.username}:{self.password.reveal()}".encode()
+            out["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+        elif self.token is not None:
             out["Authorization"] = f"Bearer {self.token.reveal()}"
         return out
