@@ -23,10 +23,11 @@ from streamsched import settings
 from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_count
 from streamsched.kafka.protocols import ConsumerRecord
+from streamsched.kafka.registry import SchemaCache, client_for
 from streamsched.kafka.writer import partition_for_key
 from streamsched.ops.replay import Target, plan_reset
 from streamsched.worker.app import SchedulerDef
-from streamsched.worker.selection import classify
+from streamsched.worker.selection import Schemas, classify, registry_ids
 from streamsched.worker.statebase import HORIZON_DEFAULT_S, check_horizon, expired
 from streamsched.worker.store import PartitionState, restore
 
@@ -137,11 +138,18 @@ async def verify(bootstrap: clients.Conn, scheduler: SchedulerDef, target: Targe
 
     cutoff_ns = time.time_ns() - int(horizon_s * 1e9)
     meter = progress_bar(sum(p.records for p in plan.partitions), enabled=progress, stream=stream)
+    # A registry-format topic is read as a worker reads it: writer schemas from the registry.
+    schemas = SchemaCache(client_for(bootstrap)) if scheduler.wire_format == "registry" else None
     try:
         async for rec in _records(bootstrap, scheduler.topic, start, end, meter):
-            await _account(report, scheduler, rec, plan.topic_partitions, state_of, cutoff_ns)
+            if schemas is not None:
+                await schemas.load(registry_ids(scheduler, [rec]))
+            await _account(report, scheduler, rec, plan.topic_partitions, state_of, cutoff_ns,
+                           schemas.get if schemas is not None else None)
     finally:
         meter.close()
+        if schemas is not None:
+            await schemas.client.close()
     return report
 
 
@@ -152,13 +160,13 @@ def horizon_from_env() -> float:
 
 
 async def _account(report: VerifyReport, s: SchedulerDef, rec: ConsumerRecord, partitions: int, state_of: Any,
-                   cutoff_ns: int) -> None:
+                   cutoff_ns: int, schemas: Schemas | None = None) -> None:
     """Count one record as the worker's select step classifies it (streamsched.worker.selection)."""
     report.records += 1
-    item = classify(s, rec)
+    item = classify(s, rec, schemas=schemas)
     if item.dead is not None:
         kind = item.dead[0]
-        if kind == "decode":
+        if kind in ("decode", "schema"):
             report.undecodable += 1
         elif kind == "bound":
             report.out_of_bounds += 1
