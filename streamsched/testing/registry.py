@@ -39,6 +39,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -260,6 +261,18 @@ class RegistryRunner:
         self.paused = False
         if wait:
             self.wait_ready(timeout=timeout)
+
+    @contextlib.contextmanager
+    def down(self) -> Iterator[None]:
+        """Paused for the block (see :meth:`pause`), resumed after it whatever happens in it.
+
+        Not waiting for an answer after the resume (a blocking poll would stall an event loop):
+        the process continues where it stopped, its API already up."""
+        self.pause()
+        try:
+            yield
+        finally:
+            self.resume(wait=False)
 
     def _running_pid(self) -> int:
         pid = self.pid
