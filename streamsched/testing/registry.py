@@ -202,7 +202,7 @@ class RegistryRunner:
         return [self.java or find_java(), self.heap, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                 *(f"-D{k}={v}" for k, v in props.items()), "-jar", str(home / "quarkus-run.jar")]
 
-    def start(self, *, timeout: float = 90.0) -> str:
+    def start(self, *, timeout: float = 120.0) -> str:
         """Start the registry (fetching it on first use) and wait until its API answers; the url."""
         if self.pid is not None:
             raise RegistryError(f"the registry is already running (pid {self.pid})")
