@@ -7,8 +7,9 @@ serves the Confluent-compatible API and, like the broker (:mod:`streamsched.ops.
 without Docker: its prebuilt Quarkus application is fetched once by ``mvn`` into streamsched's
 cache, unpacked there, and started on free loopback ports with in-memory storage.
 
-What tests must not assume: the registry's ids are not consecutive, and registering the same
-schema with other whitespace gives another id. Compare ids with what the registry answers.
+What tests must not assume: the registry's ids are not consecutive, registering the same schema
+with other whitespace gives another id, and an id is per content (one schema registered under
+two subjects has one id). Compare ids with what the registry answers.
 
 ``url`` is the Confluent-compatible API (a reader resolves writer schemas there);
 ``v2_url`` is Apicurio's own v2 API, which its 2.x Java serdes speak (their content id is the
