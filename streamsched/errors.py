@@ -23,6 +23,13 @@ class BrokerError(StreamschedError):
     kind = "broker"
 
 
+class RegistryError(StreamschedError):
+    """The test schema registry (streamsched.testing.registry) could not be fetched, started or
+    reached, or no Java it can run on was found."""
+
+    kind = "registry"
+
+
 class ConfigError(StreamschedError):
     """A scheduler, app or CLI option is invalid."""
 

@@ -14,7 +14,7 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
-from streamsched.errors import BrokerError
+from streamsched.errors import BrokerError, StreamschedError
 from streamsched.kafka.version import TESTED_KAFKA_VERSIONS as TESTED_KAFKA_VERSIONS
 
 KAFKA_VERSION = TESTED_KAFKA_VERSIONS[-1]
@@ -46,12 +46,18 @@ def is_kafka4(version: str) -> bool:
     return int(version.split(".")[0]) >= 4
 
 
-def cache_dir(version: str | None = None) -> Path:
-    """Where the jars of one Kafka version are cached (one directory per version)."""
+def cache_root() -> Path:
+    """streamsched's cache: ``$STREAMSCHED_CACHE``, else ``streamsched`` under ``$XDG_CACHE_HOME``
+    or ~/.cache (Kafka's jars, the test registry, the examples' builds)."""
     root = os.environ.get("STREAMSCHED_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "streamsched"
     )
-    return Path(root) / f"kafka-{kafka_version(version)}"
+    return Path(root)
+
+
+def cache_dir(version: str | None = None) -> Path:
+    """Where the jars of one Kafka version are cached (one directory per version)."""
+    return cache_root() / f"kafka-{kafka_version(version)}"
 
 
 _RELOAD4J = re.compile(r"\s*<dependency>\s*<groupId>org\.slf4j</groupId>\s*"
@@ -100,21 +106,24 @@ def ensure_jars(version: str | None = None, *, quiet: bool = True) -> Path:
     marker = target / "resolved.ok"
     if marker.exists() and any(lib.glob("kafka_2.13-*.jar")) and any(lib.glob("kafka-tools-[0-9]*.jar")):
         return lib
-    if shutil.which("mvn") is None:
-        raise BrokerError("mvn is not on PATH; it is needed once to fetch Kafka's jars")
     target.mkdir(parents=True, exist_ok=True)
     (target / "pom.xml").write_text(pom_for(version))
-    cmd = [
-        "mvn", "-B", "-q" if quiet else "-e",
-        "dependency:copy-dependencies",
-        f"-DoutputDirectory={lib}", "-DincludeScope=runtime",
-    ]
-    proc = subprocess.run(cmd, cwd=target, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-2000:]
-        raise BrokerError(f"mvn could not resolve Kafka {version}: {tail}")
+    run_mvn(["dependency:copy-dependencies", f"-DoutputDirectory={lib}", "-DincludeScope=runtime"],
+            cwd=target, what=f"Kafka {version}'s jars", quiet=quiet)
     marker.write_text(version + "\n")
     return lib
+
+
+def run_mvn(args: list[str], *, cwd: Path, what: str, quiet: bool = True,
+            error: type[StreamschedError] = BrokerError) -> None:
+    """Run ``mvn -B`` with ``args`` in ``cwd``; ``error`` (naming ``what``) when mvn is missing or fails."""
+    if shutil.which("mvn") is None:
+        raise error(f"mvn is not on PATH; it is needed once to fetch {what}")
+    proc = subprocess.run(["mvn", "-B", "-q" if quiet else "-e", *args], cwd=cwd, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-2000:]
+        raise error(f"mvn could not resolve {what}: {tail}")
 
 
 _LOG4J = """\
