@@ -85,8 +85,10 @@ class RegistryClient:
             async with session.request(method, self.settings.url + path, data=data, headers=headers) as resp:
                 raw = await resp.content.read(MAX_SCHEMA_BYTES + 1)
                 status = resp.status
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise RegistryUnavailable(type(exc).__name__) from None
+        except TimeoutError:
+            raise RegistryUnavailable(f"no answer within {self.timeout_s:g}s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise RegistryUnavailable(f"unreachable ({type(exc).__name__})") from None
         if len(raw) > MAX_SCHEMA_BYTES:
             raise RegistryUnavailable("answer larger than the schema bound")
         try:

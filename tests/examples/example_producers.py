@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from streamsched.kafka.clients import Conn
 from streamsched.kafka.reads import read_topic
 from streamsched.model.event import TransitionEvent
 
@@ -144,12 +145,14 @@ def check_landing(lines: list[dict[str, Any]], chosen: list[dict[str, Any]], par
 
 
 async def check_executed_once(bootstrap: str, topic: str, recording_scheduler: RecordingFactory,
-                              chosen: list[dict[str, Any]]) -> None:
+                              chosen: list[dict[str, Any]], *, conn: Conn | None = None,
+                              **options: Any) -> None:
     """A streamsched scheduler over ``topic`` runs each identity's effect exactly once, forwards
     nothing (a record on a foreign partition would be forwarded) and dead-letters nothing (a
-    record breaking the contract would be, as ``decode``, ``bound`` or ``misrouted``)."""
-    rec = recording_scheduler(topic)
-    worker = await rec.drain(bootstrap)
+    record breaking the contract would be, as ``decode``, ``bound`` or ``misrouted``).
+    ``conn``/``options``: the worker's connection and the scheduler's options (a wire format)."""
+    rec = recording_scheduler(topic, **options)
+    worker = await rec.drain(conn or bootstrap)
     events = [TransitionEvent(e["event_id"], e["type"], e["tenant"], tuple(e["target"]), e["due_ns"],
                               e["payload"].encode(), e["produced_ns"], attempt=e["attempt"])
               for e in (v["event"] for v in chosen)]

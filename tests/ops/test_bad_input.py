@@ -59,9 +59,13 @@ NEEDS = {
     # Never a real broker: if the bad input under test were accepted, this still refuses.
     ("broker", "start"): ["--kafka-version", "2.8.0"],
     ("status",): ["--url", "http://127.0.0.1:1"],
+    # The registry commands talk to the registry only (refused at once on port 1).
+    ("schemas",): ["--topic", "t", "--registry-url", "http://127.0.0.1:1"],
 }
 NO_KAFKA_FIRST = {("outbox", "status"): "outbox database", ("outbox", "requeue"): "outbox database"}
 """Commands that fail on their own input before they would talk to Kafka (and what they say)."""
+REGISTRY_ONLY = {("schemas", "register"), ("schemas", "check")}
+"""Commands that reach the schema registry, never Kafka: unreachable, they say so (exit 3)."""
 OFFLINE = {("console",), ("acl", "plan"), ("completion", "bash"), ("completion", "zsh")}
 """Commands that do not need Kafka to start: the console (a service that shows Kafka's errors in
 its pages), `acl plan` (prints the ACLs it would create; --config is not read) and `completion`."""
@@ -161,6 +165,8 @@ def cases(inputs: Path) -> list[Case]:
                             says))
         if _takes(parser, "--bootstrap") and words not in OFFLINE:
             code, says = (2, NO_KAFKA_FIRST[words]) if words in NO_KAFKA_FIRST else (3, "is unreachable")
+            if words in REGISTRY_ONLY:
+                code, says = 3, "schema registry unavailable: unreachable"
             out.append(Case(f"{name}: unreachable", (*base, "--bootstrap", UNREACHABLE), code, says))
     # Every variable a bad value, each on another command (all commands check before they start).
     bad_vars = [v for v in settings.VARIABLES if _bad(v) is not None]

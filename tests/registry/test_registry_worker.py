@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,14 @@ from streamsched.kafka.security import RegistrySettings
 from streamsched.model.identity import route_key
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained
 from streamsched.wire.registry import frame, subject_for, transition_schema_text
+from tests.examples.example_producers import (
+    check_executed_once,
+    check_landing,
+    events_file,
+    produced_lines,
+    runnable_vectors,
+)
+from tests.registry import java_registry
 
 pytestmark = pytest.mark.kafka
 
@@ -68,13 +77,13 @@ async def test_an_unreachable_registry_is_waited_out_and_nothing_is_dead_lettere
     schema_registry.pause()  # a fresh worker has no schema cached: it must ask, and cannot
     try:
         async with running_worker(rec.sched, conn) as worker:
-            await poll(lambda: worker.metrics.gauges().get("registry_waiting{partition=0}") == 1, 60,
+            await poll(lambda: worker.metrics.gauges.get("registry_waiting{partition=0}") == 1, 60,
                        "the partition reports that it waits for the registry")
             assert rec.calls == []
             assert worker.metrics.snapshot()["last_error"]["kind"] == "registry_unavailable"
             schema_registry.resume()
             await wait_drained(conn, rec.sched.group, topic, timeout=60)
-            assert worker.metrics.gauges().get("registry_waiting{partition=0}") == 0
+            assert worker.metrics.gauges.get("registry_waiting{partition=0}") == 0
     finally:
         schema_registry.resume()
     assert rec.per_identity() == dict.fromkeys(rec.identities(events), 1)
@@ -153,3 +162,36 @@ async def test_schemas_register_and_check(bootstrap: str, schema_registry: Any, 
         await client.register(subject_for(topic), json.dumps(doc))
     code, rows = await asyncio.to_thread(cli, capsys, "schemas", "check", *flags)
     assert code == 1 and rows[0]["resolves"] is False and rows[0]["reason"].startswith("schema:")
+
+
+async def test_a_java_service_on_the_registry_serializer_runs_once(
+        bootstrap: str, schema_registry: Any, make_topic, recording_scheduler, tmp_path: Path) -> None:
+    jar = java_registry.example_jar()
+    chosen = runnable_vectors()
+    topic = await make_topic("java-reg", partitions=8)
+    # The service upgrades its schema midway (an optional field added): every identity still once.
+    for evolved in (False, True):
+        proc = await java_registry.produce(jar, bootstrap, schema_registry, topic,
+                                           events_file(tmp_path, chosen), evolved=evolved)
+        assert proc.returncode == 0, proc.stderr
+        check_landing(produced_lines(proc.stdout), chosen, 8)
+    await check_executed_once(bootstrap, topic, recording_scheduler, chosen,
+                              conn=conn_of(bootstrap, schema_registry), wire_format="registry")
+
+
+async def test_our_producer_in_registry_mode_is_read_by_the_java_deserializer(
+        bootstrap: str, schema_registry: Any, make_topic) -> None:
+    jar = java_registry.example_jar()
+    topic = await make_topic("to-java", partitions=2)
+    events = [make_event("due", "acme", ["inv", str(i)], payload={"n": i}, due_ns=i) for i in range(4)]
+    async with Producer(conn_of(bootstrap, schema_registry), wire_format="registry") as producer:
+        sent = await producer.send_many(topic, events)
+    proc = await java_registry.consume(jar, bootstrap, schema_registry, topic, len(events))
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["partition"], r["offset"]): r for r in map(json.loads, proc.stdout.splitlines())}
+    for md, ev in zip(sent, events, strict=True):
+        row = rows[(md.partition, md.offset)]
+        assert row["key"] == route_key(ev.tenant, ev.target).decode()
+        assert (row["event_id"], row["type"], row["tenant"], tuple(row["target"]), row["due_ns"],
+                row["payload"], row["attempt"], row["origin"]) == (
+            ev.event_id, ev.type, ev.tenant, ev.target, ev.due_ns, ev.payload.decode(), ev.attempt, ev.origin)

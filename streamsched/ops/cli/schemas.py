@@ -58,8 +58,9 @@ def _topics(args: argparse.Namespace) -> list[str]:
 def cmd_schemas(args: argparse.Namespace) -> int:
     from streamsched.kafka.registry import client_for
 
+    conn = connect(args)  # a bad connection file or variable is reported first, as everywhere
     topics = _topics(args)
-    client = client_for(connect(args))
+    client = client_for(conn)
 
     async def act() -> list[dict[str, Any]]:
         async with client:
