@@ -195,3 +195,17 @@ async def test_our_producer_in_registry_mode_is_read_by_the_java_deserializer(
         assert (row["event_id"], row["type"], row["tenant"], tuple(row["target"]), row["due_ns"],
                 row["payload"], row["attempt"], row["origin"]) == (
             ev.event_id, ev.type, ev.tenant, ev.target, ev.due_ns, ev.payload.decode(), ev.attempt, ev.origin)
+
+
+async def test_emit_in_the_registry_format(bootstrap: str, schema_registry: Any, make_topic,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    topic = await make_topic("emit-reg")
+    event = json.dumps({"type": "due", "tenant": "acme", "target": ["inv-42"]})
+    argv = ("emit", topic, "--wire-format", "registry", "--event", event, "--bootstrap", bootstrap,
+            "--registry-url", schema_registry.url)
+    code, out = await asyncio.to_thread(cli, capsys, *argv)
+    assert code == 0 and out["topic"] == topic
+    (record,) = await read_topic(bootstrap, topic)
+    async with RegistryClient(RegistrySettings(schema_registry.url)) as client:
+        registered = await client.lookup(subject_for(topic), transition_schema_text())
+    assert registered is not None and record.value[:5] == frame(registered, b"")
