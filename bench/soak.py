@@ -46,7 +46,10 @@ workers get SIGTERM, and the audit runs (consumers.harness.audit plus the fault 
 ``pass`` is false, with ``reasons``, and the exit status 1 when
 
 * a worker's RSS at the end is more than 10 % above its RSS at minute 10 (a sixth of the run when
-  shorter; judged for each worker process alive from then to the end);
+  shorter, or ``--baseline-minute``; judged for each worker process alive from then to the end;
+  the growth over the second half of that span is reported beside it: a worker's claim caches,
+  block cache and memtables are bounded but take a while to fill at this rate, so growth that
+  stops is filling, growth that goes on is a leak);
 * an identity sent was never executed (lost);
 * an identity was executed twice: called again after its outcome was stored, or after its lease
   had expired and a later claim took it over; or any other audit flag (fences not rising, an
@@ -207,7 +210,6 @@ class Slot:
 
     name: str
     proc: WorkerProcess
-    started_at: float
     starts: int = 1
 
 
@@ -242,7 +244,7 @@ class Soak:
 
     def restart(self, slot: Slot) -> None:
         slot.proc = self.start_worker(slot.name)
-        slot.started_at, slot.starts = time.time(), slot.starts + 1
+        slot.starts += 1
 
     def minute(self) -> float:
         return round((time.time() - self.t0) / 60, 2)
@@ -266,12 +268,12 @@ class Soak:
     async def lag(self) -> tuple[int, int] | None:
         """The group's lag on the transition topic and on the delay topic (work parked there)."""
         try:
-            main, delay = [(await asyncio.wait_for(group_lag(self.bootstrap, self.wf.group, topic),
+            transitions, delay = [(await asyncio.wait_for(group_lag(self.bootstrap, self.wf.group, topic),
                                                    ADMIN_TIMEOUT_S)).total
                            for topic in (self.wf.topic, self.delay)]
         except Exception:  # noqa: BLE001 - a sample during a fault may not get an answer
             return None
-        return main, delay
+        return transitions, delay
 
     def check_workers(self) -> None:
         """A worker that exited on its own (not in a fault) fails the soak; it is started again."""
@@ -288,7 +290,7 @@ class Soak:
     async def setup(self) -> None:
         await apply(self.bootstrap, [TopicSpec(self.wf.topic, self.args.partitions, replication=3)])
         names = [f"w{i}" for i in range(self.args.workers)]
-        self.slots = [Slot(name, self.start_worker(name), time.time()) for name in names]
+        self.slots = [Slot(name, self.start_worker(name)) for name in names]
         # Warm-up: a low load until exactly these workers are the group and every partition executes.
         stop = asyncio.Event()
         task = asyncio.create_task(self.load.run(stop))
@@ -330,6 +332,9 @@ class Soak:
     def choose_rate(self, probe: dict[str, Any] | None) -> tuple[float, str]:
         cap = AUDIT_IDENTITIES / (self.args.minutes * 60 * (1 - self.args.dup_ratio))
         if self.args.rate:
+            if self.args.rate > cap:
+                self.warnings.append(f"--rate {self.args.rate} sends more identities than the audit reads "
+                                     f"(about {cap:.0f}/s for this run): it may end in BoundExceeded")
             return self.args.rate, "--rate"
         assert probe is not None
         half = probe["max_rate_per_s"] / 2
@@ -455,19 +460,30 @@ class Soak:
     # --- the run ----------------------------------------------------------------------------------
 
     def rss_check(self) -> dict[str, Any]:
-        base_minute = max(1, round(self.args.minutes / 6))
-        base = next((s for s in self.samples if s["minute"] == base_minute), None)
-        end = self.samples[-1] if self.samples else None
-        out: dict[str, Any] = {"baseline_minute": base_minute, "limit_pct": RSS_GROWTH_LIMIT * 100}
+        """Each worker process alive from the baseline minute to the end: RSS growth over that span
+        (judged), and over its second half (reported: growth that stops is a cache filling up,
+        growth that goes on is a leak)."""
+        minutes: int = self.args.minutes
+        base_minute = min(minutes, self.args.baseline_minute or max(1, round(minutes / 6)))
+        mid_minute = (base_minute + minutes) // 2
+
+        def at(minute: int, name: str) -> dict[str, Any] | None:
+            doc = next((s for s in self.samples if s["minute"] == minute), None)
+            stats: dict[str, Any] | None = (doc or {}).get("workers", {}).get(name)
+            return stats
+
+        out: dict[str, Any] = {"baseline_minute": base_minute, "mid_minute": mid_minute,
+                               "limit_pct": RSS_GROWTH_LIMIT * 100}
         for slot in self.slots:
-            b = (base or {}).get("workers", {}).get(slot.name)
-            e = (end or {}).get("workers", {}).get(slot.name)
+            b, m, e = at(base_minute, slot.name), at(mid_minute, slot.name), at(minutes, slot.name)
             row: dict[str, Any] = {"starts": slot.starts}
             if b and e and b["pid"] == e["pid"]:
                 growth = e["rss_mb"] / b["rss_mb"] - 1
-                row.update(pid=e["pid"], baseline_mb=b["rss_mb"], end_mb=e["rss_mb"],
-                           growth_pct=round(growth * 100, 1), fds_baseline=b["fds"], fds_end=e["fds"],
-                           judged=True)
+                row.update(pid=e["pid"], baseline_mb=b["rss_mb"], mid_mb=m and m["rss_mb"],
+                           end_mb=e["rss_mb"],
+                           growth_pct=round(growth * 100, 1),
+                           second_half_growth_pct=m and round((e["rss_mb"] / m["rss_mb"] - 1) * 100, 1),
+                           fds_baseline=b["fds"], fds_end=e["fds"], judged=True)
                 if growth > RSS_GROWTH_LIMIT:
                     self.reasons.append(f"{slot.name} (pid {e['pid']}) RSS grew {growth * 100:.1f} % from "
                                         f"minute {base_minute} ({b['rss_mb']} MB) to the end "
@@ -516,6 +532,8 @@ class Soak:
         result.update(probe=probe, rate_per_s=rate, rate_chosen_by=why, rss=self.rss_check())
         lines = self.log_findings()
         result.update(unexpected_log_lines=len(lines), unexpected_log_samples=lines[:5])
+        soaked = self.samples[-1]["produced"] - self.sent0 if self.samples else 0
+        result.update(achieved_rate_per_s=round(soaked / (self.args.minutes * 60), 1))
         result.update(faults=self.faults, worker_starts={s.name: s.starts for s in self.slots},
                       produced_events=self.load.sent, produced_identities=len(self.load.sent_ids),
                       duplicates_sent=self.load.duplicates, send_failures=self.load.failed,
@@ -623,6 +641,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--pause-s", type=float, default=20.0, help="how long a broker stays SIGSTOPped")
     ap.add_argument("--recover-s", type=float, default=180.0, help="deadline of each fault's recovery")
     ap.add_argument("--drain-s", type=float, default=300.0, help="deadline for lag 0 at the end")
+    ap.add_argument("--baseline-minute", type=int,
+                    help="the minute whose RSS the end is compared with (default: a sixth of the run)")
     ap.add_argument("--heap", default=DEFAULT_HEAP, help="each broker's -Xmx")
     ap.add_argument("--data-dir", help="cluster, ledger, stores and worker logs (default: a new temp dir)")
     args = ap.parse_args(argv)
@@ -632,9 +652,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    # This script's own clients (load, lag, admin) retry through the faults: their errors only.
-    logging.basicConfig(format="[soak client %(asctime)s] %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    # This script's own clients (load, lag, admin) retry through every fault, and aiokafka logs each
+    # retry (ten a second while a leader is down): not here (a handler filter: the broker runner
+    # resets aiokafka's level once the cluster answers). The workers' logs keep theirs.
+    quiet = logging.StreamHandler()
+    quiet.addFilter(lambda r: r.levelno >= logging.CRITICAL or not r.name.startswith("aiokafka"))
+    logging.basicConfig(format="[soak client %(asctime)s] %(levelname)s %(name)s: %(message)s",
+                        handlers=[quiet])
     summary = asyncio.run(main(parse()))
     emit(summary)
     sys.exit(0 if summary["pass"] else 1)
