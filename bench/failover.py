@@ -106,27 +106,29 @@ class Load:
             events.append(ev)
         return events
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def send(self, producer: Producer, events: list[Any]) -> None:
+        """One batch; a failed one is counted and dropped (bench/soak.py resends instead)."""
+        try:
+            await producer.send_many(self.wf.topic, events)
+            self.sent += len(events)
+        except Exception as exc:  # noqa: BLE001 - a fault may fail a send; the load goes on
+            self.failed += len(events)
+            log(f"load: a send failed: {exc!r}")
+
+    async def run(self, stop: asyncio.Event, *, drain_s: float = 30.0) -> None:
+        """Send until ``stop``, then wait up to ``drain_s`` for the sends still outstanding."""
         per_tick = max(1, round(self.rate / 10))
         outstanding: set[asyncio.Task[None]] = set()
         async with Producer(self.bootstrap, linger_ms=5) as producer:
-            async def send(events: list[Any]) -> None:
-                try:
-                    await producer.send_many(self.wf.topic, events)
-                    self.sent += len(events)
-                except Exception as exc:  # noqa: BLE001 - a fault may fail a send; the load goes on
-                    self.failed += len(events)
-                    log(f"load: a send failed: {exc!r}")
-
             while not stop.is_set():
                 if len(outstanding) < 100:  # bounded while a leader is unreachable
-                    task = asyncio.create_task(send(self.batch(per_tick)))
+                    task = asyncio.create_task(self.send(producer, self.batch(per_tick)))
                     outstanding.add(task)
                     task.add_done_callback(outstanding.discard)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.1)
             if outstanding:
-                await asyncio.wait(outstanding, timeout=30)
+                await asyncio.wait(outstanding, timeout=drain_s)
 
 
 class Monitor:
