@@ -194,9 +194,14 @@ class SchemaCache:
         self._loading[schema_id] = future
         try:
             found = writer_schema(schema_id, await self.client.schema(schema_id))
-        except BaseException as exc:
-            future.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+        except Exception as exc:
+            future.set_exception(exc)
             future.exception()  # retrieved here: a waiter that went away leaves no warning
+            raise
+        except BaseException:
+            # The asking partition stopped: others waiting on its request wait and ask again.
+            future.set_exception(RegistryUnavailable("the request was abandoned"))
+            future.exception()
             raise
         finally:
             self._loading.pop(schema_id, None)
