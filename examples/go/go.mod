@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/hamba/avro/v2 v2.31.0
 	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/sr v1.8.0
 )
 
 require (

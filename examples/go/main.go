@@ -7,10 +7,16 @@
 //	                    [-due-ns N] [-payload JSON] [-event-id ID]
 //	transition-producer -bootstrap HOST:PORT -topic TOPIC -file EVENTS.json
 //
+// With -registry URL (a Confluent-compatible schema registry API) the record value is the schema
+// registry's wire format instead, for a topic declared with format = "registry": byte 0, the
+// 4-byte big-endian id under which the registry stores transition.avsc (registered under the
+// subject TOPIC-value, or with -no-register only looked up), then the same Avro body. The key
+// and the partition do not change.
+//
 // Every event is checked before the first is sent (the worker would dead-letter one outside the
 // contract's bounds, not execute it): one refused event and nothing is produced. Prints one JSON
-// line per record written (key, partition, offset). main_test.go checks the encoding and the
-// partitioner against the contract's test vectors byte for byte.
+// line per record written (key, partition, offset, schema id). main_test.go checks the encoding
+// and the partitioner against the contract's test vectors byte for byte, in both formats.
 package main
 
 import (
@@ -36,6 +42,7 @@ import (
 
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 )
 
 const (
@@ -145,15 +152,80 @@ func Encode(ev Transition) ([]byte, error) {
 	if err := check(ev); err != nil {
 		return nil, err
 	}
-	body, err := avroAPI.Marshal(schema, ev)
+	value, err := appendBody([]byte{magic, schemaID}, ev)
 	if err != nil {
 		return nil, err
 	}
-	value := append([]byte{magic, schemaID}, body...)
 	if len(value) > maxRecordBytes {
 		return nil, errors.New("oversize")
 	}
 	return value, nil
+}
+
+// appendBody appends the Avro binary of v (a Transition), written with transition.avsc, to b.
+func appendBody(b []byte, v any) ([]byte, error) {
+	body, err := avroAPI.Marshal(schema, v)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, body...), nil
+}
+
+// --- Registry mode -----------------------------------------------------------------------------
+
+// Subject is the registry subject of a topic's record values: the TopicNameStrategy, every
+// serializer's default, and where `streamsched schemas register` puts the schema too.
+func Subject(topic string) string { return topic + "-value" }
+
+// SchemaID is the id the registry stores transition.avsc under in the topic's subject. With
+// register it registers the schema there (the registry answers the existing id when the subject
+// already has this schema: registering is idempotent); without, it only looks the schema up, for
+// a producer whose registry principal may not write (the subject is registered by an operator).
+func SchemaID(ctx context.Context, cl *sr.Client, topic string, register bool) (int, error) {
+	// The text of the file, as is: the worker resolves whatever writer schema the id names
+	// against its own copy, and this is the schema the body below is written with.
+	s := sr.Schema{Schema: transitionSchema, Type: sr.TypeAvro}
+	if register {
+		return cl.RegisterSchema(ctx, Subject(topic), s, -1, -1)
+	}
+	found, err := cl.LookupSchema(ctx, Subject(topic), s)
+	if err != nil {
+		return 0, err
+	}
+	return found.ID, nil
+}
+
+// NewRegistrySerde frames a Transition as the registry wire format with schema id id: the
+// Confluent header (byte 0, the id as 4 big-endian bytes; no message index, which only
+// protobuf uses), then the same Avro body as Encode writes (and so the same canonical arrays).
+func NewRegistrySerde(id int) *sr.Serde {
+	serde := sr.NewSerde(sr.Header(&sr.ConfluentHeader{}))
+	// Registered for the value type Transition: Serde finds the encoder by the Go type it is given.
+	serde.Register(id, Transition{}, sr.AppendEncodeFn(appendBody))
+	return serde
+}
+
+// EncodeRegistry is the record value in the registry wire format, checked as Encode checks it:
+// every bound of the contract holds for a registry-framed record too.
+func EncodeRegistry(serde *sr.Serde, ev Transition) ([]byte, error) {
+	if err := check(ev); err != nil {
+		return nil, err
+	}
+	value, err := serde.Encode(ev)
+	if err != nil {
+		return nil, err
+	}
+	if len(value) > maxRecordBytes {
+		return nil, errors.New("oversize")
+	}
+	return value, nil
+}
+
+// registryClient speaks the registry's Confluent-compatible API at url (for Apicurio Registry,
+// http://HOST:PORT/apis/ccompat/v7). Add sr.BasicAuth, sr.BearerToken or sr.DialTLSConfig here
+// for a registry that asks for them.
+func registryClient(url string) (*sr.Client, error) {
+	return sr.NewClient(sr.URLs(url), sr.UserAgent("streamsched-transition-producer"))
 }
 
 // check refuses what the worker would dead-letter instead of executing.
@@ -368,6 +440,28 @@ func readEvents(data []byte) ([]named, error) {
 	return out, nil
 }
 
+// registrySerde asks the registry at url for the schema id once (the topic's records all share
+// it) and returns the Serde that frames values with it.
+func registrySerde(url, topic string, register bool) (int, *sr.Serde, error) {
+	cl, err := registryClient(url)
+	if err != nil {
+		return 0, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id, err := SchemaID(ctx, cl, topic, register)
+	var refused *sr.ResponseError
+	if errors.As(err, &refused) {
+		// The message alone ("Subject not found.") does not say whether to register, fix the
+		// credentials or wait for the registry: the status and the registry's error code do.
+		err = fmt.Errorf("HTTP %d, error code %d: %w", refused.StatusCode, refused.ErrorCode, err)
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("schema of subject %s: %w", Subject(topic), err)
+	}
+	return id, NewRegistrySerde(id), nil
+}
+
 type components []string
 
 func (c *components) String() string     { return strings.Join(*c, ",") }
@@ -384,9 +478,15 @@ func main() {
 	dueNs := flag.Int64("due-ns", 0, "due time, ns since the Unix epoch (0: due now)")
 	payload := flag.String("payload", "{}", "JSON payload handed to the handler")
 	eventID := flag.String("event-id", "", "event id (default: a random UUID)")
+	registry := flag.String("registry", "",
+		"schema registry (Confluent-compatible API): write the registry wire format, not the envelope")
+	noRegister := flag.Bool("no-register", false,
+		"with -registry: only look the schema up under TOPIC-value, never register it")
 	flag.Parse()
-	if *bootstrap == "" || *topic == "" || (*file == "") == (*typ == "") {
-		fmt.Fprintln(os.Stderr, "give -bootstrap, -topic, and either -file or -type (with the event's flags)")
+	if *bootstrap == "" || *topic == "" || (*file == "") == (*typ == "") ||
+		(*noRegister && *registry == "") {
+		fmt.Fprintln(os.Stderr, "give -bootstrap, -topic, and either -file or -type (with the"+
+			" event's flags); -no-register only with -registry")
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -409,21 +509,42 @@ func main() {
 		events = []named{{"", ev}}
 	}
 
+	refuse := func(i int, err error) {
+		label := events[i].name
+		if label == "" {
+			label = fmt.Sprintf("#%d", i)
+		}
+		fmt.Fprintf(os.Stderr, "event %s refused: %v; nothing produced\n", label, err)
+		os.Exit(1)
+	}
+	// Checked before the registry is asked: a refused event registers nothing either.
+	for i, e := range events {
+		if err := check(e.event); err != nil {
+			refuse(i, err)
+		}
+	}
+	encode := Encode
+	schemaIDOut := schemaID // reported on each line: the envelope's fixed id, or the registry's
+	if *registry != "" {
+		id, serde, err := registrySerde(*registry, *topic, !*noRegister)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "schema registry: %v; nothing produced\n", err)
+			os.Exit(1)
+		}
+		schemaIDOut = id
+		encode = func(ev Transition) ([]byte, error) { return EncodeRegistry(serde, ev) }
+	}
+
 	// Every record is encoded (and so checked) before the first is sent: all or nothing.
 	records := make([]*kgo.Record, 0, len(events))
 	for i, e := range events {
 		key, err := RouteKey(e.event.Tenant, e.event.Target)
 		var value []byte
 		if err == nil {
-			value, err = Encode(e.event)
+			value, err = encode(e.event)
 		}
 		if err != nil {
-			label := e.name
-			if label == "" {
-				label = fmt.Sprintf("#%d", i)
-			}
-			fmt.Fprintf(os.Stderr, "event %s refused: %v; nothing produced\n", label, err)
-			os.Exit(1)
+			refuse(i, err)
 		}
 		// No partition set: the partitioner hashes the key (see partitioner).
 		records = append(records, &kgo.Record{Topic: *topic, Key: key, Value: value})
@@ -452,7 +573,7 @@ func main() {
 			continue
 		}
 		line := map[string]any{"event_id": events[i].event.EventID, "key": string(r.Key),
-			"partition": r.Partition, "offset": r.Offset}
+			"partition": r.Partition, "offset": r.Offset, "schema_id": schemaIDOut}
 		if events[i].name != "" {
 			line["name"] = events[i].name
 		}

@@ -1,18 +1,24 @@
 package main
 
-// The contract's test vectors (docs/wire-vectors.json), byte for byte: route key, record value,
-// and the partition the producer's partitioner picks for each partition count. Outside the
-// streamsched repository, copy the file and point WIRE_VECTORS at it.
+// The contract's test vectors (docs/wire-vectors.json), byte for byte: route key, record value
+// (the envelope, and the registry wire format), and the partition the producer's partitioner
+// picks for each partition count. Outside the streamsched repository, copy the file and point
+// WIRE_VECTORS at it.
 
 import (
+	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
 )
 
 type vectorsFile struct {
@@ -131,5 +137,71 @@ func TestPayloadCornerCases(t *testing.T) {
 		if err := checkPayload([]byte(payload)); (err == nil) != ok {
 			t.Errorf("%s: %v, want accepted=%v", payload, err, ok)
 		}
+	}
+}
+
+// The registry wire format: byte 0, the id in 4 big-endian bytes, then the contract's Avro body
+// (the envelope's bytes after its 2-byte header). An id with four distinct bytes shows the order.
+func TestRegistryVectors(t *testing.T) {
+	const id = 0x01020304
+	serde := NewRegistrySerde(id)
+	v := loadVectors(t)
+	for _, vec := range v.Valid {
+		t.Run(vec.Name, func(t *testing.T) {
+			ev, err := vec.Event.transition()
+			if err != nil {
+				t.Fatal(err)
+			}
+			value, err := EncodeRegistry(serde, ev)
+			if err != nil || hex.EncodeToString(value) != "0001020304"+vec.EnvelopeHex[4:] {
+				t.Errorf("registry value %x (%v)\n want 0001020304%s", value, err, vec.EnvelopeHex[4:])
+			}
+		})
+	}
+	for _, vec := range v.Invalid {
+		t.Run(vec.Name, func(t *testing.T) {
+			ev, err := vec.Event.transition()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := EncodeRegistry(serde, ev); err == nil {
+				t.Error("encoded; the worker would dead-letter it")
+			}
+		})
+	}
+}
+
+// SchemaID against franz-go's in-memory registry: a lookup before the subject exists fails (a
+// producer that may not register must not guess an id), registering twice gives one id, a lookup
+// then finds it, and the registry serves our schema text under it.
+func TestSchemaIDRegistersOnceAndLooksUp(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	cl, err := registryClient(reg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var missing *sr.ResponseError
+	if _, err := SchemaID(ctx, cl, "invoices", false); !errors.As(err, &missing) ||
+		missing.StatusCode != http.StatusNotFound {
+		t.Fatalf("lookup in an empty registry: %v, want HTTP 404", err)
+	}
+	id, err := SchemaID(ctx, cl, "invoices", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, register := range []bool{true, false} {
+		if again, err := SchemaID(ctx, cl, "invoices", register); err != nil || again != id {
+			t.Errorf("register=%v: id %d (%v), want %d", register, again, err, id)
+		}
+	}
+	got, err := cl.SchemaByID(ctx, id)
+	if err != nil || got.Schema != transitionSchema {
+		t.Errorf("schema %d: %q (%v)", id, got.Schema, err)
+	}
+	subjects, err := cl.SubjectsByID(ctx, id)
+	if err != nil || len(subjects) != 1 || subjects[0] != "invoices-value" {
+		t.Errorf("subjects of %d: %v (%v), want [invoices-value]", id, subjects, err)
 	}
 }

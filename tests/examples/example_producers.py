@@ -1,5 +1,6 @@
 """What the tests of the example producers in examples/java and examples/go share: the tool check,
-a content-addressed build cache, the events they produce, and the run of a scheduler over them.
+a content-addressed build cache (and the Go example's build, which its registry-mode test reuses),
+the events they produce, and the run of a scheduler over them.
 
 Imported as ``example_producers`` by the tests beside it (pytest puts this folder on ``sys.path``).
 """
@@ -11,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -112,6 +114,29 @@ def _prune(current: Path) -> None:
 def sources(folder: Path, *patterns: str) -> list[str]:
     """The files under ``folder`` matching ``patterns``, relative to it."""
     return sorted({str(p.relative_to(folder)) for pat in patterns for p in folder.glob(pat) if p.is_file()})
+
+
+GO_EXAMPLE = ROOT / "examples" / "go"
+GO_FILES = ["go.mod", "go.sum", "*.go", "transition.avsc"]
+
+
+def run_go(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``go ARGS`` in ``cwd``, with the default module cache (dependencies come from the Go module
+    proxy on first use)."""
+    [go] = need_tools("go")
+    return subprocess.run([go, *args], cwd=cwd, capture_output=True, text=True, timeout=280,
+                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+
+
+def go_example_binary() -> Path:
+    """examples/go built by ``go build`` (once per content of its sources; skips without go, fails
+    under CI). One binary serves both formats: ``-registry`` picks the registry one."""
+
+    def build(folder: Path) -> None:
+        proc = run_go("build", "-o", "transition-producer", ".", cwd=folder)
+        assert proc.returncode == 0, proc.stderr
+
+    return cached_build(GO_EXAMPLE, sources(GO_EXAMPLE, *GO_FILES), build, "go") / "transition-producer"
 
 
 def runnable_vectors() -> list[dict[str, Any]]:

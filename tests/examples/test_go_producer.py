@@ -5,49 +5,34 @@ and a streamsched scheduler executes its events once per identity."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from example_producers import (
-    ROOT,
+    GO_EXAMPLE,
     SCHEMA,
     VECTORS,
     VECTORS_PATH,
-    cached_build,
     check_executed_once,
     check_landing,
     events_file,
-    need_tools,
+    go_example_binary,
     produced_lines,
+    run_go,
     runnable_vectors,
-    sources,
 )
 
 from tests.conftest import RecordingFactory, TopicFactory
 
-EXAMPLE = ROOT / "examples" / "go"
+EXAMPLE = GO_EXAMPLE
 PARTITIONS = 12
-GO_FILES = ["go.mod", "go.sum", "*.go", "transition.avsc"]
-
-
-def _go(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    # The default module cache (dependencies come from the Go module proxy on first use).
-    [go] = need_tools("go")
-    return subprocess.run([go, *args], cwd=cwd, capture_output=True, text=True, timeout=280,
-                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
-
-
-def _build(folder: Path) -> None:
-    proc = _go("build", "-o", "transition-producer", ".", cwd=folder)
-    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.fixture(scope="module")
 def producer_binary() -> Path:
     """The example, built by ``go build`` (once per content of the example's sources)."""
-    return cached_build(EXAMPLE, sources(EXAMPLE, *GO_FILES), _build, "go") / "transition-producer"
+    return go_example_binary()
 
 
 def test_go_example_carries_the_transition_schema() -> None:
@@ -56,17 +41,20 @@ def test_go_example_carries_the_transition_schema() -> None:
 
 @pytest.mark.kafka
 def test_go_producer_matches_the_wire_vectors() -> None:
-    """The example's own ``go test``: every valid vector's route key, record value and partition
-    (asked of the partitioner the client is configured with), every invalid vector refused, and
-    Kafka's murmur2 test values."""
-    proc = _go("test", "-v", ".", cwd=EXAMPLE, env={"WIRE_VECTORS": str(VECTORS_PATH)})
+    """The example's own ``go test``: every valid vector's route key, record value (in the envelope
+    and in the registry wire format) and partition (asked of the partitioner the client is
+    configured with), every invalid vector refused in both formats, Kafka's murmur2 test values,
+    and the schema id's registration and lookup against franz-go's in-memory registry."""
+    proc = run_go("test", "-v", ".", cwd=EXAMPLE, env={"WIRE_VECTORS": str(VECTORS_PATH)})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    for test in ("TestValidVectors", "TestInvalidVectorsRefused", "TestKafkaMurmur2"):
+    for test in ("TestValidVectors", "TestInvalidVectorsRefused", "TestKafkaMurmur2", "TestRegistryVectors",
+                 "TestSchemaIDRegistersOnceAndLooksUp"):
         assert f"--- PASS: {test} " in out, out
     passed = {line.split()[2] for line in out.splitlines() if line.strip().startswith("--- PASS: Test")}
     assert {f"TestValidVectors/{v['name']}" for v in VECTORS["valid"]} <= passed
     assert {f"TestInvalidVectorsRefused/{v['name']}" for v in VECTORS["invalid"]} <= passed
+    assert {f"TestRegistryVectors/{v['name']}" for v in VECTORS["valid"] + VECTORS["invalid"]} <= passed
     assert "SKIP" not in out
 
 
