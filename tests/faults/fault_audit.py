@@ -25,12 +25,13 @@ EXPECTED_ERRORS = re.compile("|".join([
     r"ERROR aiokafka(\.\S+)? (Group Coordinator Request failed: \[Error 15\]"
     r"|Heartbeat session expired|Unable connect to node with id \d+"
     r"|Unable to update metadata from|Unable to request metadata from)",
-    # ...and a request to it that the client's request bound ended (kafka/compat.bound_requests)
-    # or that it did not send because the node was just skipped as unresponsive:
+    # ...and a request to it (a fetch, a heartbeat, a coordinator lookup) that the client's
+    # request bound ended (kafka/compat.bound_requests) or that it did not send because the node
+    # was just skipped as unresponsive:
     r"ERROR aiokafka(\.\S+)? (Failed fetch messages from \d+: (\[Error 7\] RequestTimedOutError"
     r"|NodeNotReadyError)|Error sending HeartbeatRequest to node \d+ \[\[Error 7\] RequestTimedOutError\]"
     r"|Heartbeat send request failed: \[Error 7\] RequestTimedOutError"
-    r"|Group Coordinator Request failed: NodeNotReadyError)",
+    r"|Group Coordinator Request failed: (NodeNotReadyError|\[Error 7\] RequestTimedOutError))",
 ]))
 """ERROR lines a network fault explains. Nothing else may log at ERROR or CRITICAL, and no
 traceback may appear, except one ending in a connection-level Kafka error (:data:`EXPECTED_RAISES`)."""

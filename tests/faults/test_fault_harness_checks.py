@@ -16,6 +16,8 @@ def test_only_the_lines_a_network_fault_explains_pass() -> None:
         "2026-12-04 13:15:33,527 ERROR aiokafka.consumer.group_coordinator Heartbeat session expired - "
         "marking coordinator dead",
         "2026-12-04 13:17:11,893 ERROR aiokafka Unable connect to node with id 2: StaleMetadata: x",
+        "2026-12-04 15:24:26,933 ERROR aiokafka.consumer.group_coordinator Group Coordinator Request "
+        "failed: [Error 7] RequestTimedOutError",
         "2026-12-04 13:15:31,241 WARNING streamsched.kafka.owner fenced out of t[1]",
         "Traceback (most recent call last):", '  File "x.py", line 1, in f', "    raise",
         "aiokafka.errors.KafkaConnectionError: Connection at 10.231.1.11:9092 closed",
