@@ -47,8 +47,9 @@ PAUSE_S = 30.0
 """How long a broker stays stopped: past Kafka's 9 s broker session timeout (it is fenced and
 its roles move) and several worker sessions (3 s) and leases (5 s)."""
 
+
 async def _warm(sc: Scenario) -> None:
-    """Two workers, each owning partitions, with every partition resolving work."""
+    """Two workers, and every partition resolving work."""
     sc.worker("wa"), sc.worker("wb")
     await sc.feed(6)
     await sc.recovery("warmup", timeout=90)
