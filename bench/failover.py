@@ -63,6 +63,7 @@ from consumers.harness import Workflow  # noqa: E402
 from streamsched.kafka import clients  # noqa: E402
 from streamsched.kafka.admin import TopicSpec, apply  # noqa: E402
 from streamsched.kafka.producer import Producer  # noqa: E402
+from streamsched.kafka.reads import coordinators  # noqa: E402
 from streamsched.kafka.writer import partition_for_key  # noqa: E402
 from streamsched.model.identity import route_key  # noqa: E402
 from streamsched.model.names import internal_topic  # noqa: E402
@@ -205,15 +206,12 @@ async def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> boo
 
 async def roles(bootstrap: str, wf: Workflow, partitions: int) -> dict[str, Any]:
     """Which node coordinates the group, each partition's transactional id, and leads what."""
-    from streamsched.model.names import transactional_id
-
+    found = await coordinators(bootstrap, wf.group, wf.topic, partitions,
+                               request_timeout_ms=MONITOR_TIMEOUT_MS)
+    group, txn = found.group, [found.transactions[p] for p in range(partitions)]
     admin = clients.admin(bootstrap, request_timeout_ms=MONITOR_TIMEOUT_MS)
     await admin.start()
     try:
-        group = int(await admin.find_coordinator(wf.group))
-        txn = [int(await admin.find_coordinator(
-            transactional_id("scheduler", wf.group, wf.topic, partition=p), coordinator_type=1))
-            for p in range(partitions)]
         (described,) = await admin.describe_topics([wf.topic])
         leaders = {p["partition"]: p["leader"] for p in described["partitions"]}
         return {"group_coordinator": group, "txn_coordinators": txn, "leaders": leaders}

@@ -1,4 +1,5 @@
-"""Read-side operations on a cluster: offsets, lag and reading topics, for the CLI and tests.
+"""Read-side operations on a cluster: offsets, lag, coordinators and reading topics, for the CLI
+and tests.
 
 Every read is ``read_committed`` (the client factory locks it). A read that would hold more
 records than its bound raises :class:`~streamsched.errors.BoundExceeded` and logs it: a caller
@@ -7,14 +8,16 @@ never acts on a silently truncated topic (defect 4h).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from streamsched.errors import BoundExceeded, ConfigError
 from streamsched.kafka import clients, compat
 from streamsched.kafka.protocols import ConsumerRecord
+from streamsched.model.names import transactional_id
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,47 @@ async def group_lag(bootstrap: clients.Conn, group: str, topic: str) -> Lag:
         return Lag(committed=committed, end={tp.partition: int(end[tp]) for tp in tps})
     finally:
         await consumer.stop()
+
+
+@dataclass(frozen=True)
+class Coordinators:
+    """The brokers coordinating one scheduler's consumer group and its partition owners'
+    transactions (each moves when its broker fails)."""
+
+    group: int
+    transactions: dict[int, int]
+    """Partition -> the node coordinating the transactional id of that partition's owner."""
+
+
+async def coordinators(bootstrap: clients.Conn, group: str, topic: str, partitions: int, *,
+                       timeout_s: float = 60.0, **options: Any) -> Coordinators:
+    """FindCoordinator for ``group`` and for each owner's transactional id
+    (``transactional_id("scheduler", group, topic, partition=p)``, as the worker names them).
+
+    A retriable answer is asked again until ``timeout_s``: the first lookup of a kind on a fresh
+    cluster creates the coordinators' internal topic and is answered "not available" until it
+    exists, and a coordinator that just failed is answered for by the node taking over."""
+    from aiokafka.errors import KafkaError
+
+    admin = clients.admin(bootstrap, **options)
+    await admin.start()
+    deadline = time.monotonic() + timeout_s
+
+    async def find(key: str, kind: int) -> int:
+        while True:
+            try:
+                return int(await admin.find_coordinator(key, coordinator_type=kind))
+            except KafkaError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.25)
+
+    try:
+        return Coordinators(await find(group, 0), {
+            p: await find(transactional_id("scheduler", group, topic, partition=p), 1)
+            for p in range(partitions)})
+    finally:
+        await admin.close()
 
 
 async def read_topic(bootstrap: clients.Conn, topic: str, *, timeout_s: float = 60.0,

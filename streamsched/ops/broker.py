@@ -373,11 +373,21 @@ def _pid_alive(pid: int) -> bool:
 
 def stop_nodes(node_dirs: list[Path], *, timeout: float = 30.0) -> None:
     """Stop the nodes of one cluster in order (see :meth:`LocalCluster.stop`): a node left without a
-    controller quorum gets :data:`NO_QUORUM_STOP_S` instead of ``timeout``."""
+    controller quorum gets :data:`NO_QUORUM_STOP_S` instead of ``timeout``. Nodes already gone
+    (killed, crashed) are no part of the quorum: with one of three dead, the second node stopped
+    is the last one running (it waited out the whole ``timeout``, 30 s)."""
     quorum = len(node_dirs) // 2 + 1
     for i, node_dir in enumerate(node_dirs):
-        running = len(node_dirs) - i
+        running = sum(_pid_file_alive(d / "pid") for d in node_dirs[i:])
         stop_pid_file(node_dir / "pid", timeout=timeout if running >= quorum else NO_QUORUM_STOP_S)
+
+
+def _pid_file_alive(pid_file: Path) -> bool:
+    try:
+        pid = int(pid_file.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    return pid > 0 and _pid_alive(pid)
 
 
 def stop_pid_file(pid_file: Path, *, timeout: float = 30.0) -> bool:

@@ -1,6 +1,7 @@
 """The fault matrix's harness: a fresh three-node cluster per scenario, workers as real processes,
-a steady load of a reference workflow, network cuts made with namespaces and nftables, and a
-black-box audit (Kafka read_committed and the SQLite ledger, never worker memory).
+a steady load of a reference workflow, network cuts made with namespaces and nftables, brokers
+killed, restarted or paused by node id, and a black-box audit (:mod:`tests.faults.fault_audit`:
+Kafka read_committed and the SQLite ledger, never worker memory).
 
 Topology of a network scenario (:class:`Net`): one Linux bridge on the host (``10.231.K.1/24``,
 K drawn per run) and, per node (each broker, each worker), a network namespace joined to the
@@ -15,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import random
-import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -33,25 +33,15 @@ from typing import Any
 
 import pytest
 
-from consumers.harness import (
-    FAST_FAILOVER_ENV,
-    Audit,
-    Call,
-    Workflow,
-    claim_history,
-    ledger_calls,
-    produce,
-    unresolved_below_commit,
-)
-from consumers.harness import audit as harness_audit
+from consumers.harness import FAST_FAILOVER_ENV, Workflow, claim_history, produce
+from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
-from streamsched.kafka.reads import Lag, group_lag, read_topic
-from streamsched.model.claims import ClaimState, ClaimStatus
+from streamsched.kafka.reads import Coordinators, Lag, coordinators, group_lag
+from streamsched.model.claims import ClaimStatus
 from streamsched.model.event import TransitionEvent
 from streamsched.model.names import internal_topic
 from streamsched.ops.broker import LocalCluster
-from streamsched.testing import WorkerProcess, child_pythonpath, make_event
-from streamsched.wire.transition import decode_transition
+from streamsched.testing import WorkerProcess, child_pythonpath, make_event, wait_for
 
 PARTITIONS = 4
 WORKER_ENV = {
@@ -197,7 +187,10 @@ class Scenario:
     marks: dict[str, Any] = field(default_factory=dict)
     view: str = ""
     """Where the test itself produces and reads (its audits), if not every broker: while a broker
-    is cut off, the majority's side (a deposed leader would serve it a stale log)."""
+    is cut off, the majority's side (a deposed leader would serve it a stale log); while one is
+    killed or paused, the others."""
+    produced: int = 0
+    """Batches the load has produced (each in :attr:`events` once its produce returned)."""
     _batch: int = 0
 
     @property
@@ -208,10 +201,11 @@ class Scenario:
         """The bootstrap list without ``broker`` (the test process reaches every node)."""
         return ",".join(s.bootstrap for s in self.cluster.specs if f"b{s.node_id}" != broker)
 
-    def worker(self, name: str) -> NetnsWorker:
+    def worker(self, name: str, env: dict[str, str] | None = None) -> NetnsWorker:
+        """A worker in its own namespace, with :data:`WORKER_ENV` (and ``env`` over it)."""
         self.net.add(name)
         w = NetnsWorker(self.net.prefix(name), self.wf.app_ref, self.cluster.bootstrap,
-                        env={**WORKER_ENV, **self.wf.env}, log_path=self.tmp / f"{name}.log")
+                        env={**WORKER_ENV, **self.wf.env, **(env or {})}, log_path=self.tmp / f"{name}.log")
         self.workers[name] = w.start()
         return w
 
@@ -244,7 +238,18 @@ class Scenario:
             rng.shuffle(batch)
             await produce(self.bootstrap, self.wf, batch)
             self.events.extend(batch)
+            self.produced += 1
             await asyncio.sleep(every_s)
+
+    async def flowing(self, batches: int = 3) -> None:
+        """Until the load (:meth:`load`) has produced ``batches`` more batches: the fault that
+        follows lands on work in flight, not on an idle group."""
+        target = self.produced + batches
+
+        async def produced() -> bool:
+            return self.produced >= target
+
+        await wait_for(produced, timeout=30, what=f"{batches} batches of load")
 
     async def owners_since(self, since_ns: int, until_ns: int | None = None) -> Counter[str]:
         """Claims taken since ``since_ns`` (and before ``until_ns``; by lease start), per worker."""
@@ -284,19 +289,89 @@ class Scenario:
     def log_tails(self, lines: int = 25) -> str:
         return "\n".join(f"--- {n}\n{w.log_tail(lines)}" for n, w in self.workers.items())
 
+    # --- broker faults, by node id ----------------------------------------------------------------
 
-async def make_scenario(net: Net, tmp: Path, tag: str) -> Scenario:
-    """Three brokers (one namespace each; RF 3, min.insync.replicas 2) and the due_runs workflow
-    with every topic replicated three ways."""
+    def kill_broker(self, node: int) -> None:
+        """``kill -9`` of broker ``node`` (returns once it is gone). The test's own clients leave
+        it (:attr:`view`) until :meth:`restart_broker`: a bootstrap list naming a dead node costs
+        them a connection attempt per client."""
+        self.view = self.bootstrap_without(f"b{node}")
+        self.cluster.kill_node(node, signal.SIGKILL)
+
+    def restart_broker(self, node: int) -> None:
+        """Broker ``node`` started again on its own data, in its own namespace."""
+        self.cluster.start_node(node)
+        self.view = ""
+
+    @asynccontextmanager
+    async def paused(self, node: int) -> AsyncIterator[None]:
+        """Broker ``node`` stopped (SIGSTOP) for the block and continued (SIGCONT) after it, even
+        on failure. A stopped broker still accepts connections and never answers, so the test's
+        own clients leave it meanwhile (each request to it would wait out its timeout)."""
+        self.view = self.bootstrap_without(f"b{node}")
+        self.cluster.kill_node(node, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.cluster.kill_node(node, signal.SIGCONT)
+            self.view = ""
+
+    async def coordinators(self) -> Coordinators:
+        return await coordinators(self.bootstrap, self.wf.group, self.wf.topic, PARTITIONS)
+
+    async def replicas(self) -> list[dict[str, Any]]:
+        """Every partition of the transition and state topics: ``leader``, ``replicas``, ``isr``."""
+        admin = clients.admin(self.bootstrap, request_timeout_ms=5000)
+        await admin.start()
+        try:
+            described = await admin.describe_topics([self.wf.topic, self.wf.state_topic])
+            return [{**p, "topic": t["topic"]} for t in described for p in t["partitions"]]
+        finally:
+            await admin.close()
+
+    async def elected_around(self, node: int) -> bool:
+        """No partition is led by ``node`` (or leaderless): the cluster has moved on without it."""
+        try:
+            parts = await self.replicas()
+        except Exception:  # noqa: BLE001 - a request may time out while leaders move: poll again
+            return False
+        return all(p["leader"] not in (node, -1) for p in parts)
+
+    async def in_sync(self, node: int) -> bool:
+        """``node`` is back in every partition's in-sync replicas."""
+        try:
+            parts = await self.replicas()
+        except Exception:  # noqa: BLE001 - as above
+            return False
+        return all(node in p["isr"] for p in parts)
+
+
+async def make_scenario(net: Net, tmp: Path, tag: str, *, config: dict[str, str] | None = None,
+                        coordinators_together: bool = False) -> Scenario:
+    """Three brokers (one namespace each; RF 3, min.insync.replicas 2; ``config`` added to each
+    node's properties) and the due_runs workflow with every topic replicated three ways.
+
+    ``coordinators_together``: the workflow's name is drawn until the broker coordinating its
+    group also coordinates the transactions of at least one of its partitions' owners (both
+    follow from the name), so that one broker failing takes both coordinators at once."""
     hosts = [net.add(f"b{i}") for i in (1, 2, 3)]
     cluster = LocalCluster(data_dir=tmp / "cluster", nodes=3, hosts=hosts, heap="-Xmx384m",
+                           extra_config=dict(config or {}),
                            launch_prefix=lambda spec: net.prefix(f"b{spec.node_id}"))
     try:
         await asyncio.to_thread(cluster.start)
     except BaseException:
         await asyncio.to_thread(cluster.stop)
         raise
-    wf = Workflow("due_runs", f".{tag}-{uuid.uuid4().hex[:8]}", tmp / "ledger.sqlite3")
+    for _ in range(50):  # each draw together with probability ~0.8 (4 owners, 3 brokers)
+        wf = Workflow("due_runs", f".{tag}-{uuid.uuid4().hex[:8]}", tmp / "ledger.sqlite3")
+        if not coordinators_together:
+            break
+        found = await coordinators(cluster.bootstrap, wf.group, wf.topic, PARTITIONS)
+        if found.group in found.transactions.values():
+            break
+    else:
+        raise AssertionError("no workflow name put its group and transaction coordinators together")
     await apply(cluster.bootstrap, [
         TopicSpec(wf.topic, PARTITIONS, replication=3),
         TopicSpec(wf.state_topic, PARTITIONS, replication=3, kind="state"),
@@ -306,159 +381,20 @@ async def make_scenario(net: Net, tmp: Path, tag: str) -> Scenario:
     return Scenario(net, cluster, wf, tmp)
 
 
-# --- the audit ------------------------------------------------------------------------------------
-
-EXPECTED_ERRORS = re.compile("|".join([
-    # aiokafka, while a coordinator or a node is unreachable or moves (seen in these scenarios):
-    r"ERROR aiokafka(\.\S+)? (Group Coordinator Request failed: \[Error 15\]"
-    r"|Heartbeat session expired|Unable connect to node with id \d+"
-    r"|Unable to update metadata from|Unable to request metadata from)",
-    # ...and a request to it that the client's request bound ended (kafka/compat.bound_requests)
-    # or that it did not send because the node was just skipped as unresponsive:
-    r"ERROR aiokafka(\.\S+)? (Failed fetch messages from \d+: (\[Error 7\] RequestTimedOutError"
-    r"|NodeNotReadyError)|Error sending HeartbeatRequest to node \d+ \[\[Error 7\] RequestTimedOutError\]"
-    r"|Heartbeat send request failed: \[Error 7\] RequestTimedOutError"
-    r"|Group Coordinator Request failed: NodeNotReadyError)",
-]))
-"""ERROR lines a network fault explains. Nothing else may log at ERROR or CRITICAL, and no
-traceback may appear, except one ending in a connection-level Kafka error (:data:`EXPECTED_RAISES`)."""
-EXPECTED_RAISES = re.compile(r"^(aiokafka\.errors\.)?(KafkaConnectionError|RequestTimedOutError"
-                             r"|NodeNotReadyError|KafkaTimeoutError|GroupCoordinatorNotAvailableError)\b")
-BAD_LOG = ("was never retrieved", "Task was destroyed but it is pending")
-
-
-UNRETRIEVED_FENCED = "future: <Future finished exception=ProducerFenced("
-"""KNOWN DEFECT (open, see the broker-cut scenario): after a transaction stuck on a broker cut
-off from the others is given up at its deadline and its owner restarts, the old aiokafka
-producer ends fenced and futures nobody awaits any more fail (``ERROR asyncio Future exception
-was never retrieved``, this line, a traceback ending in ``ProducerFenced``). Found with
-PYTHONASYNCIODEBUG=1 (where each future was made): the offsets future of
-``send_offsets_to_transaction`` (fixed: ``settle_sends`` marks it) and the batch future made in
-``MessageAccumulator.add_batch`` under a ``send_batch`` the deadline cancelled (open). Tolerated
-only where a scenario says so, and counted in its result line."""
-
-
-def _ends_traceback(line: str) -> bool:
-    """A traceback's exception line: the first line after it that is not indented."""
-    return bool(line) and not line.startswith((" ", "\t"))
-
-
-def unexpected_log_lines(text: str, *, known: tuple[str, ...] = ()) -> list[str]:
-    """Error lines no expected fault explains: any ``... was never retrieved``, any traceback
-    not ending in a connection-level error, any ERROR/CRITICAL line not in :data:`EXPECTED_ERRORS`.
-    ``known`` (e.g. :data:`UNRETRIEVED_FENCED`) lets a known defect's report through: the line
-    before it, it, and its traceback."""
-    bad: list[str] = []
-    lines = text.splitlines()
-    skip = -1
-    for i, line in enumerate(lines):
-        if i <= skip:
-            continue
-        nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        if any(b in line for b in BAD_LOG) and any(nxt.startswith(k) for k in known):
-            skip = i + 1  # the known report; then its traceback, up to its exception line
-            if i + 2 < len(lines) and lines[i + 2].startswith("Traceback"):
-                skip = next((j for j in range(i + 3, len(lines)) if _ends_traceback(lines[j])), len(lines))
-        elif any(b in line for b in BAD_LOG):
-            bad.append(line)
-        elif line.startswith("Traceback"):
-            tail = next((x for x in lines[i + 1:] if _ends_traceback(x)), "")
-            if not EXPECTED_RAISES.search(tail):
-                bad.append(f"{line} ... {tail}")
-        elif re.search(r" (ERROR|CRITICAL) ", line) and not EXPECTED_ERRORS.search(line):
-            bad.append(line)
-    return bad
-
-
-@dataclass(frozen=True)
-class FaultAudit:
-    """:func:`consumers.harness.audit` (effects, accepted calls judged against stored outcomes,
-    fences), and what a fault adds to it."""
-
-    base: Audit
-    calls_after_lease: list[str]
-    """Identities with a call the ledger accepted under a fence whose lease had expired when a
-    later claim took the identity over: an owner that executed after its work moved on."""
-    unresolved_below_commit: list[tuple[int, int]]
-
-    @property
-    def ok(self) -> bool:
-        b = self.base
-        return (b.missing == 0 and b.extra_effects == 0 and b.effects == b.unique and b.fences_ok
-                and b.all_released and not b.reexecuted and not b.unbacked
-                and not self.calls_after_lease and not self.unresolved_below_commit)
-
-
-def calls_after_lease(calls: list[Call], history: dict[str, list[ClaimState]]) -> list[str]:
-    """Identities with a call accepted under a fence after that claim's lease expired, when a
-    later claim took the identity over (see :attr:`FaultAudit.calls_after_lease`)."""
-    expires = {(i, st.fence): st.lease_expires_ns for i, states in history.items() for st in states
-               if st.status is ClaimStatus.CLAIMED}
-    top = {i: max(st.fence for st in states) for i, states in history.items()}
-    return sorted({c.key for c in calls if c.at_ns is not None and c.fence < top.get(c.key, 0)
-                   and c.at_ns > expires.get((c.key, c.fence), c.at_ns)})
-
-
-async def committed_ahead(sc: Scenario, *, settle_s: float = 0.5) -> list[tuple[str, int, int]]:
-    """(topic, partition, offset) of selected events below the group's committed offset that
-    are neither resolved (outcome stored) nor parked (a copy on the delay topic past the delay
-    topic's committed offset): an offset committed ahead of what it stands for. A live worker
-    parks an event whose identity another owner's lease holds, in the same transaction as the
-    offset, so this is the invariant while workers run (``unresolved_below_commit`` of
-    consumers.harness is the one for a stopped group).
-
-    Kafka makes one transaction visible partition by partition (its markers are written in
-    parallel): a violation is read again after ``settle_s`` (same committed offsets) and only
-    one that persists is returned."""
-    wf, delay = sc.wf, internal_topic("delay", sc.wf.name)
-    committed = {t: (await group_lag(sc.bootstrap, wf.group, t)).committed for t in (wf.topic, delay)}
-
-    async def judge() -> list[tuple[str, int, int]]:
-        history = await claim_history(sc.bootstrap, wf)
-        resolved = {i for i, states in history.items() if any(st.outcome is not None for st in states)}
-        records = {t: await read_topic(sc.bootstrap, t) for t in (wf.topic, delay)}
-        parked = {wf.identity(decode_transition(r.value)) for r in records[delay]
-                  if r.offset >= committed[delay].get(r.partition, 0)}
-        bad = []
-        for topic, recs in records.items():
-            for r in recs:
-                if r.offset >= committed[topic].get(r.partition, 0):
-                    continue
-                ev = decode_transition(r.value)
-                ident = wf.identity(ev)
-                if ev.type == wf.event_type and ident not in resolved and ident not in parked:
-                    bad.append((topic, r.partition, r.offset))
-        return bad
-
-    if not await judge():
-        return []
-    await asyncio.sleep(settle_s)
-    return await judge()
-
-
-async def audit(sc: Scenario) -> FaultAudit:
-    late = calls_after_lease(ledger_calls(sc.wf.ledger), await claim_history(sc.bootstrap, sc.wf))
-    return FaultAudit(await harness_audit(sc.bootstrap, sc.wf, sc.events), late,
-                      await unresolved_below_commit(sc.bootstrap, sc.wf))
-
-
-def report(sc: Scenario, name: str, result: FaultAudit, record: Any, **extra: Any) -> dict[str, Any]:
-    """The scenario's result as one JSON line (printed, and a junit property)."""
-    doc = {"scenario": name, "unique": result.base.unique, "calls": result.base.calls,
-           "retried": result.base.retried, "recovery_s": sc.marks, **extra}
-    print("FAULT-RESULT " + json.dumps(doc, sort_keys=True))
-    record("fault_result", json.dumps(doc, sort_keys=True))
-    return doc
-
-
-def known_defects(sc: Scenario, known: str) -> int:
-    """How many times the workers' logs report the known defect ``known``."""
-    return sum(w.log_path.read_text(errors="replace").count(known)
-               for w in sc.workers.values() if w.log_path is not None)
-
-
-def assert_clean_logs(sc: Scenario, *, known: tuple[str, ...] = ()) -> None:
-    for name, w in sc.workers.items():
-        assert w.log_path is not None
-        bad = unexpected_log_lines(w.log_path.read_text(errors="replace"), known=known)
-        assert not bad, f"{name}: unexpected error lines:\n" + "\n".join(bad[:20])
+@asynccontextmanager
+async def scenario_on(net: Net, tmp: Path, **options: Any) -> AsyncIterator[Scenario]:
+    """:func:`make_scenario` (``options`` its keywords), always torn down: cuts healed, workers
+    and brokers killed. The cluster is thrown away with its data, so no broker is given a
+    controlled shutdown to wait for (seconds each, a paused one its whole timeout)."""
+    sc = await make_scenario(net, tmp, uuid.uuid4().hex[:6], **options)
+    try:
+        yield sc
+    finally:
+        for name in list(sc.net.nodes):
+            sc.net.heal(name)
+        for w in sc.workers.values():
+            if w.alive():
+                w.kill()
+        for node in list(sc.cluster.procs):
+            sc.cluster.kill_node(node, signal.SIGKILL)  # a stopped process dies of SIGKILL too
+        await asyncio.to_thread(sc.cluster.stop)  # what is left: pid files

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults import fault_harness
-from tests.faults.fault_harness import unexpected_log_lines
+from tests.faults import fault_audit, fault_harness
+from tests.faults.fault_audit import unexpected_log_lines
 
 
 def test_only_the_lines_a_network_fault_explains_pass() -> None:
@@ -16,6 +16,8 @@ def test_only_the_lines_a_network_fault_explains_pass() -> None:
         "2026-12-04 13:15:33,527 ERROR aiokafka.consumer.group_coordinator Heartbeat session expired - "
         "marking coordinator dead",
         "2026-12-04 13:17:11,893 ERROR aiokafka Unable connect to node with id 2: StaleMetadata: x",
+        "2026-12-04 15:24:26,933 ERROR aiokafka.consumer.group_coordinator Group Coordinator Request "
+        "failed: [Error 7] RequestTimedOutError",
         "2026-12-04 13:15:31,241 WARNING streamsched.kafka.owner fenced out of t[1]",
         "Traceback (most recent call last):", '  File "x.py", line 1, in f', "    raise",
         "aiokafka.errors.KafkaConnectionError: Connection at 10.231.1.11:9092 closed",
@@ -51,18 +53,34 @@ def test_a_call_after_its_lease_expired_and_a_successor_claimed_is_caught() -> N
                      ClaimState("k", ClaimStatus.CLAIMED, "b-2-y", fence=2, lease_expires_ns=11 * s)],
                "j": [ClaimState("j", ClaimStatus.CLAIMED, "a-1-x", fence=1, lease_expires_ns=5 * s)]}
     within = [Call("k", 1, 4 * s), Call("k", 2, 7 * s), Call("j", 1, 9 * s)]  # j: nobody took over
-    assert fault_harness.calls_after_lease(within, history) == []
-    assert fault_harness.calls_after_lease([*within, Call("k", 1, 6 * s)], history) == ["k"]
+    assert fault_audit.calls_after_lease(within, history) == []
+    assert fault_audit.calls_after_lease([*within, Call("k", 1, 6 * s)], history) == ["k"]
 
 
 def test_a_known_defect_passes_only_where_a_scenario_names_it() -> None:
     report = "\n".join([
         "2026-12-04 13:46:26,359 ERROR asyncio Future exception was never retrieved",
-        f"{fault_harness.UNRETRIEVED_FENCED}'There is a newer producer')>",
+        f"{fault_audit.UNRETRIEVED_FENCED}'There is a newer producer')>",
         "Traceback (most recent call last):", '  File "sender.py", line 175, in _sender_routine',
         "aiokafka.errors.ProducerFenced: ProducerFenced: There is a newer producer",
     ])
     assert len(unexpected_log_lines(report)) == 2  # the report and its traceback
-    assert unexpected_log_lines(report, known=(fault_harness.UNRETRIEVED_FENCED,)) == []
+    assert unexpected_log_lines(report, known=(fault_audit.UNRETRIEVED_FENCED,)) == []
     other = report + "\n2026-12-04 13:46:27,000 ERROR asyncio Task exception was never retrieved"
-    assert len(unexpected_log_lines(other, known=(fault_harness.UNRETRIEVED_FENCED,))) == 1
+    assert len(unexpected_log_lines(other, known=(fault_audit.UNRETRIEVED_FENCED,))) == 1
+
+
+def test_a_killed_brokers_lines_pass_only_where_a_scenario_allows_them() -> None:
+    lines = [
+        '2026-12-04 14:55:03,133 ERROR aiokafka Unable connect to "10.231.246.10:41853": [Errno 111] '
+        "Connect call failed ('10.231.246.10', 41853)",
+        "2026-12-04 14:58:23,353 ERROR aiokafka.consumer.fetcher Failed fetch messages from 1: "
+        "KafkaConnectionError: Connection at 10.231.193.10:54369 closed",
+        "2026-12-04 15:08:44,265 ERROR aiokafka.consumer.group_coordinator Heartbeat send request failed: "
+        "NodeNotReadyError: Attempt to send a request to node which is not ready (node id 1).. Will retry.",
+    ]
+    text = "\n".join(lines)
+    assert unexpected_log_lines(text) == lines  # a network cut neither refuses nor closes
+    assert unexpected_log_lines(text, allow=fault_audit.BROKER_DOWN_ERRORS) == []
+    other = "2026-12-04 15:08:44,265 ERROR aiokafka Unexpected error in sender routine"
+    assert unexpected_log_lines(f"{text}\n{other}", allow=fault_audit.BROKER_DOWN_ERRORS) == [other]

@@ -13,33 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 
-from streamsched.kafka import clients
 from streamsched.kafka.txn import TXN_DEADLINE_S
 from streamsched.testing import wait_drained, wait_for
-from tests.faults.fault_harness import (
-    PARTITIONS,
-    PROGRESS_S,
+from tests.faults.fault_audit import (
     UNRETRIEVED_FENCED,
-    Scenario,
+    Record,
     assert_clean_logs,
     audit,
     committed_ahead,
     known_defects,
     report,
 )
+from tests.faults.fault_harness import PARTITIONS, PROGRESS_S, Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.kafka]
 
 CUT_S = 20.0
 """How long a cut lasts: several session timeouts (3 s) and leases (5 s)."""
-
-Record = Callable[[str, object], None]
-
 
 async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
         scenario: Scenario, record_property: Record) -> None:
@@ -51,7 +44,7 @@ async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
     assert owners["wa"] and owners["wb"], f"both workers must own partitions before the cut: {owners}"
 
     async with sc.load():  # through the cut, the heal and the rejoin
-        await asyncio.sleep(2)
+        await sc.flowing()
         cut_ns = time.time_ns()
         sc.net.cut("wa", ["b1", "b2", "b3"])
         try:
@@ -90,47 +83,26 @@ async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
     assert_clean_logs(sc)
 
 
-async def _describe(bootstrap: str, topics: list[str]) -> list[dict[str, Any]]:
-    admin = clients.admin(bootstrap, request_timeout_ms=5000)
-    await admin.start()
-    try:
-        return [p for t in await admin.describe_topics(topics) for p in t["partitions"]]
-    finally:
-        await admin.close()
-
-
 async def test_a_broker_cut_off_from_the_other_two_is_elected_around(
         scenario: Scenario, record_property: Record) -> None:
     sc = scenario
     sc.worker("wa"), sc.worker("wb")
     await sc.feed(6)
     await sc.recovery("warmup", timeout=90)
-    admin = clients.admin(sc.bootstrap)
-    await admin.start()
-    try:
-        victim_id = int(await admin.find_coordinator(sc.wf.group))  # the most disruptive one
-    finally:
-        await admin.close()
+    victim_id = (await sc.coordinators()).group  # the most disruptive one
     victim = f"b{victim_id}"
     others = [f"b{i}" for i in (1, 2, 3) if i != victim_id]
-    topics = [sc.wf.topic, sc.wf.state_topic]
-    led = sum(p["leader"] == victim_id for p in await _describe(sc.bootstrap, topics))
+    led = sum(p["leader"] == victim_id for p in await sc.replicas())
 
     async with sc.load():  # through the cut, the heal and the rejoin
-        await asyncio.sleep(2)
-        sc.view = reachable = sc.bootstrap_without(victim)
+        await sc.flowing()
+        sc.view = sc.bootstrap_without(victim)
         before = await sc.lag()
         sc.net.cut(victim, others)
         cut = time.monotonic()
         try:
-            async def elected_around() -> bool:
-                try:
-                    parts = await _describe(reachable, topics)
-                except Exception:  # noqa: BLE001 - a request may time out while leaders move
-                    return False
-                return all(p["leader"] not in (victim_id, -1) for p in parts)
-
-            await wait_for(elected_around, timeout=PROGRESS_S, what="leaders to move off the victim")
+            await wait_for(lambda: sc.elected_around(victim_id), timeout=PROGRESS_S,
+                           what="leaders to move off the victim")
             sc.marks["elected_around"] = round(time.monotonic() - cut, 2)
 
             async def progressing() -> bool:
@@ -149,12 +121,8 @@ async def test_a_broker_cut_off_from_the_other_two_is_elected_around(
         finally:
             sc.net.heal(victim)
         healed = time.monotonic()
-
-        async def rejoined() -> bool:
-            parts = await _describe(sc.bootstrap, topics)
-            return all(victim_id in p["isr"] for p in parts)
-
-        await wait_for(rejoined, timeout=PROGRESS_S, what="the victim back in every ISR")
+        await wait_for(lambda: sc.in_sync(victim_id), timeout=PROGRESS_S,
+                       what="the victim back in every ISR")
         sc.marks["broker_rejoin"] = round(time.monotonic() - healed, 2)
         sc.view = ""
     await sc.recovery("after_heal")

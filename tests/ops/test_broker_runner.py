@@ -114,3 +114,23 @@ def test_nodes_bind_and_advertise_their_own_hosts_and_launch_behind_a_prefix(
     assert again.bootstrap == cluster.bootstrap
     with pytest.raises(BrokerError, match="one address per node"):
         broker.LocalCluster(data_dir=tmp_path / "other", nodes=3, hosts=hosts)._plan()
+
+
+def test_a_node_already_dead_leaves_the_quorum_so_the_last_one_running_stops_quickly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process
+    dirs = []
+    for name, pid in (("node-1", os.getpid()), ("node-2", os.getpid()), ("node-3", gone.pid)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pid").write_text(f"{pid}\n")
+        dirs.append(tmp_path / name)
+    given: list[tuple[str, float]] = []
+    monkeypatch.setattr(broker, "stop_pid_file", lambda f, *, timeout: given.append((f.parent.name, timeout)))
+    broker.stop_nodes(dirs, timeout=30.0)
+    # node-1 stops with node-2 as its quorum; node-2 then runs alone (node-3 was dead all along).
+    alone = broker.NO_QUORUM_STOP_S
+    assert given == [("node-1", 30.0), ("node-2", alone), ("node-3", alone)]
