@@ -99,13 +99,8 @@ from streamsched.model.event import TransitionEvent  # noqa: E402
 from streamsched.model.names import internal_topic  # noqa: E402
 from streamsched.ops.broker import DEFAULT_HEAP, LocalCluster  # noqa: E402
 from streamsched.testing import WorkerProcess, make_event, wait_drained  # noqa: E402
-from tests.faults.fault_harness import (  # noqa: E402
-    UNRETRIEVED_FENCED,
-    WORKER_ENV,
-    FaultAudit,
-    calls_after_lease,
-    unexpected_log_lines,
-)
+from tests.faults.fault_audit import FaultAudit, calls_after_lease, unexpected_log_lines  # noqa: E402
+from tests.faults.fault_harness import WORKER_ENV  # noqa: E402
 from tests.faults.skew_disk_support import members_are  # noqa: E402
 
 FAULTS = ("broker_kill", "broker_pause", "worker_kill", "worker_term")
@@ -594,7 +589,7 @@ class Soak:
         out = []
         for path in sorted(self.workdir.glob("w*.log")):
             out += [f"{path.name}: {line}" for line in
-                    unexpected_log_lines(path.read_text(errors="replace"), known=(UNRETRIEVED_FENCED,))]
+                    unexpected_log_lines(path.read_text(errors="replace"))]
         return out
 
     def kill_all(self) -> None:

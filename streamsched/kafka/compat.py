@@ -218,6 +218,39 @@ def contain_requeue(producer: object) -> bool:
     return True
 
 
+def on_batch_made(producer: object, hook: Callable[[asyncio.Future[Any]], object]) -> bool:
+    """Call ``hook(future)`` with the delivery future of every batch ``producer``'s accumulator
+    makes (in ``_append_batch``), as it is made. False (nothing changed) if aiokafka differs.
+    ``send_batch`` returns a shield of that future, which lets go of it once cancelled (see
+    :func:`streamsched.kafka.fencing.settle_sends`)."""
+    acc = getattr(producer, "_message_accumulator", None)
+    original = getattr(acc, "_append_batch", None)
+    if acc is None or original is None:
+        return False
+
+    def append_batch(builder: Any, tp: Any) -> Any:
+        batch = original(builder, tp)
+        future = getattr(batch, "future", None)
+        if isinstance(future, asyncio.Future):
+            hook(future)
+        return batch
+
+    acc._append_batch = append_batch
+    return True
+
+
+def after_sender_ends(producer: object, callback: Callable[[], object]) -> bool:
+    """Call ``callback()`` when a started producer's sender task ends, after aiokafka's own done
+    callback (``Sender._fail_all``) failed every batch and the transaction with its error. False
+    (nothing changed) if aiokafka's sender differs (see
+    :func:`streamsched.kafka.fencing.settle_sends`)."""
+    task = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    if not isinstance(task, asyncio.Task):
+        return False
+    task.add_done_callback(lambda _task: callback())  # callbacks run in the order added
+    return True
+
+
 def position_now(consumer: object, tp: object) -> int | None:
     """``tp``'s position if ``consumer`` knows it now, else None; never waits.
 

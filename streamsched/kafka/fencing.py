@@ -11,8 +11,9 @@ attribute is skipped, never raised):
 * a fenced producer fails every pending future at once and nobody awaits most of them, so
   asyncio would log ``Future exception was never retrieved ... ProducerFenced`` tracebacks at
   garbage collection (defect 4m): :func:`settle_sends` and :func:`settle_producer_futures`
-  mark them seen (the offsets futures of ``send_offsets_to_transaction`` too), and the owner's
-  one log line is the only trace.
+  mark them seen, also when the producer is fenced only after its owner gave it up (a
+  transaction stuck past its deadline, then the restart's fresh producer fences the old one),
+  and the owner's one log line is the only trace.
 """
 
 from __future__ import annotations
@@ -81,7 +82,17 @@ def settle_sends(producer: Producer) -> None:
     caller awaits them with ``gather``, which raises the first and leaves the rest unretrieved
     (``Future exception was never retrieved`` tracebacks at garbage collection). Whoever awaits
     a future still gets its exception; only the GC-time report is silenced, as the owner logs
-    the failure once.
+    the failure once. Call before ``start``.
+
+    A transaction given up at its deadline leaves more behind: the owner's bounded ``stop`` of
+    the producer gives up too while the producer waits to deliver what is stuck, so its sender
+    lives on, and dies only when the restart's fresh producer fences it. By then the cancelled
+    waits have let go of what it fails: each batch's future (``send_batch`` hands out a shield
+    of it, and the ``gather`` the deadline cancelled cancels the shield, which then drops it),
+    each undrained batch's "drained" waiter, the transaction's waiter (its commit or abort,
+    shielded too) and the offsets future of ``send_offsets_to_transaction`` (shielded, and
+    dropped from aiokafka's queue as it fails). The first and last are marked as they are made,
+    the rest when the sender dies, after aiokafka failed them.
     """
     for name in ("send", "send_batch"):
         method = getattr(producer, name, None)
@@ -95,11 +106,20 @@ def settle_sends(producer: Producer) -> None:
             return fut
 
         setattr(producer, name, settled)
-    # ``send_offsets_to_transaction`` awaits its offsets future through ``asyncio.shield``: when
-    # the transaction's deadline cancels that await (a coordinator that no longer answers, e.g.
-    # a broker cut off from the others: tests/faults), the future lives on, and once a newer
-    # producer fences this one aiokafka fails it and drops it from its queue, so
-    # :func:`settle_producer_futures` can no longer find it. Marked here as it is made.
+    # A batch's future can fail before the sender dies (a produce answered "fenced"), and leave
+    # the accumulator then: marked as it is made.
+    compat.on_batch_made(producer, lambda fut: fut.add_done_callback(retrieve))
+    # The waiters replaced while a producer lives ("drained" ones at each retry, the
+    # transaction's at each begin) are settled once, where the dead sender left them.
+    start = getattr(producer, "start", None)
+    if start is not None and asyncio.iscoroutinefunction(start):
+
+        async def started(_start: Any = start) -> None:
+            await _start()
+            compat.after_sender_ends(producer, lambda: settle_producer_futures(producer))
+
+        producer.start = started  # type: ignore[method-assign]
+    # aiokafka drops a failed offsets future from its queue: marked as it is made.
     txn = compat.transaction_manager(producer)
     add_offsets = getattr(txn, "add_offsets_to_txn", None)
     if txn is not None and callable(add_offsets):

@@ -53,41 +53,19 @@ closes, and a heartbeat to a node cut off times out instead (expected above)."""
 BAD_LOG = ("was never retrieved", "Task was destroyed but it is pending")
 
 
-UNRETRIEVED_FENCED = "future: <Future finished exception=ProducerFenced("
-"""KNOWN DEFECT (open, see the broker-cut scenario): after a transaction stuck on a broker cut
-off from the others is given up at its deadline and its owner restarts, the old aiokafka
-producer ends fenced and futures nobody awaits any more fail (``ERROR asyncio Future exception
-was never retrieved``, this line, a traceback ending in ``ProducerFenced``). Found with
-PYTHONASYNCIODEBUG=1 (where each future was made): the offsets future of
-``send_offsets_to_transaction`` (fixed: ``settle_sends`` marks it) and the batch future made in
-``MessageAccumulator.add_batch`` under a ``send_batch`` the deadline cancelled (open). Tolerated
-only where a scenario says so, and counted in its result line."""
-
-
 def _ends_traceback(line: str) -> bool:
     """A traceback's exception line: the first line after it that is not indented."""
     return bool(line) and not line.startswith((" ", "\t"))
 
 
-def unexpected_log_lines(text: str, *, known: tuple[str, ...] = (),
-                         allow: re.Pattern[str] | None = None) -> list[str]:
+def unexpected_log_lines(text: str, *, allow: re.Pattern[str] | None = None) -> list[str]:
     """Error lines no expected fault explains: any ``... was never retrieved``, any traceback
     not ending in a connection-level error, any ERROR/CRITICAL line not in :data:`EXPECTED_ERRORS`
-    (nor in ``allow``: what a scenario's own fault explains, e.g. :data:`BROKER_DOWN_ERRORS`).
-    ``known`` (e.g. :data:`UNRETRIEVED_FENCED`) lets a known defect's report through: the line
-    before it, it, and its traceback."""
+    (nor in ``allow``: what a scenario's own fault explains, e.g. :data:`BROKER_DOWN_ERRORS`)."""
     bad: list[str] = []
     lines = text.splitlines()
-    skip = -1
     for i, line in enumerate(lines):
-        if i <= skip:
-            continue
-        nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        if any(b in line for b in BAD_LOG) and any(nxt.startswith(k) for k in known):
-            skip = i + 1  # the known report; then its traceback, up to its exception line
-            if i + 2 < len(lines) and lines[i + 2].startswith("Traceback"):
-                skip = next((j for j in range(i + 3, len(lines)) if _ends_traceback(lines[j])), len(lines))
-        elif any(b in line for b in BAD_LOG):
+        if any(b in line for b in BAD_LOG):
             bad.append(line)
         elif line.startswith("Traceback"):
             tail = next((x for x in lines[i + 1:] if _ends_traceback(x)), "")
@@ -184,15 +162,8 @@ def report(sc: Scenario, name: str, result: FaultAudit, record: Record, **extra:
     return doc
 
 
-def known_defects(sc: Scenario, known: str) -> int:
-    """How many times the workers' logs report the known defect ``known``."""
-    return sum(w.log_path.read_text(errors="replace").count(known)
-               for w in sc.workers.values() if w.log_path is not None)
-
-
-def assert_clean_logs(sc: Scenario, *, known: tuple[str, ...] = (),
-                      allow: re.Pattern[str] | None = None) -> None:
+def assert_clean_logs(sc: Scenario, *, allow: re.Pattern[str] | None = None) -> None:
     for name, w in sc.workers.items():
         assert w.log_path is not None
-        bad = unexpected_log_lines(w.log_path.read_text(errors="replace"), known=known, allow=allow)
+        bad = unexpected_log_lines(w.log_path.read_text(errors="replace"), allow=allow)
         assert not bad, f"{name}: unexpected error lines:\n" + "\n".join(bad[:20])

@@ -19,12 +19,10 @@ import pytest
 from streamsched.kafka.txn import TXN_DEADLINE_S
 from streamsched.testing import wait_drained, wait_for
 from tests.faults.fault_audit import (
-    UNRETRIEVED_FENCED,
     Record,
     assert_clean_logs,
     audit,
     committed_ahead,
-    known_defects,
     report,
 )
 from tests.faults.fault_harness import PARTITIONS, PROGRESS_S, Scenario
@@ -132,7 +130,8 @@ async def test_a_broker_cut_off_from_the_other_two_is_elected_around(
         assert w.terminate() == 0, name
 
     result = await audit(sc)
-    report(sc, "broker_cut_off", result, record_property, victim=victim_id, partitions_led=led,
-           known_defect_unretrieved_fenced=known_defects(sc, UNRETRIEVED_FENCED))
+    report(sc, "broker_cut_off", result, record_property, victim=victim_id, partitions_led=led)
     assert result.ok, result
-    assert_clean_logs(sc, known=(UNRETRIEVED_FENCED,))  # an open defect, counted above
+    # Also no "Future exception was never retrieved": the producer a stuck transaction's owner
+    # gave up ends fenced after the restart, and what it fails then is settled (kafka/fencing).
+    assert_clean_logs(sc)

@@ -312,6 +312,40 @@ async def test_a_batch_failed_by_a_dead_sender_is_dropped_not_requeued() -> None
     assert not compat.contain_requeue(object())
 
 
+def test_every_batch_the_accumulator_makes_comes_from_append_batch() -> None:
+    _method(MessageAccumulator, "_append_batch", ["builder", "tp"], "on_batch_made", coroutine=False)
+    _assigns(MessageBatch.__init__, "future", "on_batch_made")
+    # The instance attribute only takes effect because both callers look it up at each call.
+    for caller in (MessageAccumulator.add_batch, MessageAccumulator.add_message):
+        assert "self._append_batch(" in inspect.getsource(caller), \
+            _changed(f"{caller.__qualname__} (how it makes a batch)", "on_batch_made")
+    # What makes it needed: send_batch's caller only ever holds a shield of the batch's future.
+    assert "asyncio.shield(batch.future)" in inspect.getsource(MessageAccumulator.add_batch), \
+        _changed("MessageAccumulator.add_batch's result", "on_batch_made")
+    assert not compat.on_batch_made(object(), lambda _fut: None)  # a different aiokafka
+
+
+async def test_the_senders_task_fails_everything_in_its_first_done_callback() -> None:
+    from aiokafka.producer.sender import Sender
+
+    _assigns(AIOKafkaProducer.__init__, "_sender", "after_sender_ends")
+    assert isinstance(inspect.getattr_static(Sender, "sender_task", None), property), \
+        _changed("Sender.sender_task (gone)", "after_sender_ends")
+    # A callback added after start runs after this one, so it finds everything failed.
+    start = inspect.getsource(Sender.start)
+    assert "self._sender_task.add_done_callback(self._fail_all)" in start, \
+        _changed("Sender.start (its done callback)", "after_sender_ends")
+    fail_all = inspect.getsource(Sender._fail_all)
+    assert "fail_all(task_exception)" in fail_all and "fatal_error(task_exception)" in fail_all, \
+        _changed("Sender._fail_all", "after_sender_ends")
+    assert not compat.after_sender_ends(object(), lambda: None)  # a different aiokafka
+    unstarted = clients.producer("127.0.0.1:1")
+    try:
+        assert not compat.after_sender_ends(unstarted, lambda: None)  # no sender task yet
+    finally:
+        await unstarted.stop()
+
+
 def test_failed_partition_names_the_partition_whose_batch_did_not_decode() -> None:
     for cls, methods, attr in ((PartitionRecords, ("_unpack_records", "__next__"), "_tp"),
                                (FetchResult, ("getall", "getone"), "_topic_partition")):
