@@ -37,7 +37,7 @@ from streamsched.model.jsonval import Buffer, as_bytes
 from streamsched.model.limits import MAX_RECORD_BYTES
 from streamsched.wire.avro import get_codec
 from streamsched.wire.avro_schema import MAGIC, parsed_schema, schema_dir
-from streamsched.wire.transition import decode_transition, encode_transition
+from streamsched.wire.transition import decode_transition, encode_transition, event_from_record
 
 __all__ = ["FORMATS", "REGISTRY_MAGIC", "WireFormat", "WriterSchema", "check_format", "decode_registry",
            "encode_registry", "frame", "resolves", "schema_id_of", "subject_for", "transition_schema_text",
@@ -165,12 +165,8 @@ def decode_registry(data: Buffer, schema: WriterSchema) -> TransitionEvent:
     record = _resolve(buf, schema.parsed)
     if isinstance(record, str):
         raise DecodeError(record)  # outside the except: no fastavro exception as __context__
-    # Re-encoded with our schema, the record meets every rule of the envelope (bounds included).
-    try:
-        ours = get_codec("transition").encode(record)
-    except DecodeError as exc:
-        raise DecodeError(exc.reason.removeprefix("encode: ")) from None
-    return decode_transition(ours)
+    # Resolved against our schema, its fields have our types: the envelope's bounds remain.
+    return event_from_record(record)
 
 
 def _resolve(buf: bytes, writer: Any) -> dict[str, Any] | str:

@@ -11,13 +11,16 @@ reports the attempt to the origin's catalog.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from streamsched.errors import DecodeError
 from streamsched.model.event import TransitionEvent, transition_problem
 from streamsched.model.jsonval import Buffer
 from streamsched.wire.avro import get_codec
 from streamsched.wire.schedule import origin_problem
 
-__all__ = ["TransitionEvent", "decode_transition", "encode_transition"]
+__all__ = ["TransitionEvent", "decode_transition", "encode_transition", "event_from_record"]
 
 
 def encode_transition(ev: TransitionEvent) -> bytes:
@@ -37,7 +40,12 @@ def decode_transition(data: Buffer) -> TransitionEvent:
     its bound, ``"payload: invalid json"`` / ``"payload: bound: json depth"`` and
     ``"origin: malformed"``.
     """
-    rec = get_codec("transition").decode(data)
+    return event_from_record(get_codec("transition").decode(data))
+
+
+def event_from_record(rec: Mapping[str, Any]) -> TransitionEvent:
+    """The event of a decoded transition record (schema-typed), bound-checked; raises
+    :class:`DecodeError` with the reasons of :func:`decode_transition` beyond Avro's own."""
     ev = TransitionEvent(
         event_id=rec["event_id"],
         type=rec["type"],
