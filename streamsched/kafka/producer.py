@@ -33,7 +33,7 @@ identity bounds raises :class:`~streamsched.errors.BoundExceeded` or
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -79,8 +79,9 @@ class ProducerNotStarted(StreamschedError):
         super().__init__("the producer is not started: use `async with Producer(...)` or await start()")
 
 
-def encode_event(event: TransitionEvent) -> tuple[bytes, bytes]:
-    """``(record key, record value)`` of ``event``, validated exactly as :class:`Producer` does.
+def encode_event(event: TransitionEvent, *, schema_id: int | None = None) -> tuple[bytes, bytes]:
+    """``(record key, record value)`` of ``event``, validated exactly as :class:`Producer` does;
+    ``schema_id``: the value framed for a schema registry under that id (registry format).
 
     Raises :class:`DecodeError` (``"encode: ..."``) for anything the worker would dead-letter as
     undecodable, and :class:`BoundExceeded`/:class:`InvalidName` for a tenant or target outside
@@ -88,7 +89,7 @@ def encode_event(event: TransitionEvent) -> tuple[bytes, bytes]:
     """
     if not isinstance(event, TransitionEvent):
         raise DecodeError("encode: expected a TransitionEvent")
-    value = encode_transition(event)
+    value = encode_transition(event) if schema_id is None else encode_registry(event, schema_id)
     # After the schema check, so tenant and target are known to be strings here.
     return route_key(event.tenant, event.target), value
 
@@ -190,24 +191,15 @@ class Producer:
         self._schema_ids[topic] = found
         return found
 
-    async def _encoder(self, topic: str) -> Callable[[TransitionEvent], tuple[bytes, bytes]]:
-        if self._registry is None:
-            return encode_event
-        schema_id = await self.schema_id(topic)
-
-        def framed(event: TransitionEvent) -> tuple[bytes, bytes]:
-            if not isinstance(event, TransitionEvent):
-                raise DecodeError("encode: expected a TransitionEvent")
-            value = encode_registry(event, schema_id)  # validates, as encode_event does
-            return route_key(event.tenant, event.target), value
-
-        return framed
+    async def _schema_id_for(self, topic: str) -> int | None:
+        """The id values on ``topic`` are framed with (None: our envelope)."""
+        return await self.schema_id(topic) if self._registry is not None else None
 
     async def send(self, topic: str, event: TransitionEvent) -> RecordMetadata:
         """Produce one event to its home partition and wait for the acknowledgement."""
         producer = self._started()
         validate_name(topic, "topic")
-        key, value = (await self._encoder(topic))(event)
+        key, value = encode_event(event, schema_id=await self._schema_id_for(topic))
         partition = partition_for_key(key, await self.partition_count(topic))
         headers = tracing.inject()  # the caller's trace, if an OpenTelemetry SDK records one
         md = await (await producer.send(topic, value, key=key, partition=partition, headers=headers))
@@ -223,8 +215,8 @@ class Producer:
         """
         producer = self._started()
         validate_name(topic, "topic")
-        encode = await self._encoder(topic)
-        encoded = [encode(ev) for ev in events]
+        schema_id = await self._schema_id_for(topic)
+        encoded = [encode_event(ev, schema_id=schema_id) for ev in events]
         if not encoded:
             return []
         n = await self.partition_count(topic)
