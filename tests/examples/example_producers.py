@@ -116,6 +116,22 @@ def sources(folder: Path, *patterns: str) -> list[str]:
     return sorted({str(p.relative_to(folder)) for pat in patterns for p in folder.glob(pat) if p.is_file()})
 
 
+JAVA_EXAMPLE = ROOT / "examples" / "java"
+
+
+def java_example_jar() -> Path:
+    """examples/java packaged by ``mvn package`` (once per content of its sources; skips without
+    java and mvn, fails under CI). One jar serves both formats: its registry classes too."""
+    _, mvn = need_tools("java", "mvn")
+
+    def package(folder: Path) -> None:
+        subprocess.run([mvn, "-q", "-B", "package"], cwd=folder, check=True, timeout=280,
+                       stdin=subprocess.DEVNULL)
+
+    built = cached_build(JAVA_EXAMPLE, sources(JAVA_EXAMPLE, "pom.xml", "src/**/*"), package, "java")
+    return built / "target" / "transition-producer.jar"
+
+
 GO_EXAMPLE = ROOT / "examples" / "go"
 GO_FILES = ["go.mod", "go.sum", "*.go", "transition.avsc"]
 

@@ -10,38 +10,28 @@ from pathlib import Path
 
 import pytest
 from example_producers import (
-    ROOT,
+    JAVA_EXAMPLE,
     SCHEMA,
     VECTORS,
     VECTORS_PATH,
-    cached_build,
     check_executed_once,
     check_landing,
     events_file,
-    need_tools,
+    java_example_jar,
     produced_lines,
     runnable_vectors,
-    sources,
 )
 
 from tests.conftest import RecordingFactory, TopicFactory
 
-EXAMPLE = ROOT / "examples" / "java"
+EXAMPLE = JAVA_EXAMPLE
 PARTITIONS = 8
 JAVA = ["java", "-Xmx256m"]  # the machine is shared with the broker and other tests
 
 
 @pytest.fixture(scope="module")
 def producer_jar() -> Path:
-    """The example, packaged by ``mvn package`` (once per content of the example's sources)."""
-    _, mvn = need_tools("java", "mvn")
-
-    def package(folder: Path) -> None:
-        subprocess.run([mvn, "-q", "-B", "package"], cwd=folder, check=True, timeout=280,
-                       stdin=subprocess.DEVNULL)
-
-    built = cached_build(EXAMPLE, sources(EXAMPLE, "pom.xml", "src/**/*"), package, "java")
-    return built / "target" / "transition-producer.jar"
+    return java_example_jar()
 
 
 def test_java_example_carries_the_transition_schema() -> None:

@@ -18,24 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from streamsched.testing.registry import RegistryRunner
-from tests.examples.example_producers import ROOT, cached_build, need_tools, sources
+from tests.examples.example_producers import java_example_jar
 
-EXAMPLE = ROOT / "examples" / "java"
 JAVA = ["java", "-Xmx256m"]  # the example's Java (17 is enough); the machine is shared
 PRODUCER = "dev.streamsched.example.RegistryTransitionProducer"
 CONSUMER = "dev.streamsched.example.RegistryTransitionConsumer"
 
 
-def example_jar() -> Path:
-    """examples/java packaged by ``mvn package`` (skips without java and mvn; fails under CI)."""
-    _, mvn = need_tools("java", "mvn")
-
-    def package(folder: Path) -> None:
-        subprocess.run([mvn, "-q", "-B", "package"], cwd=folder, check=True, timeout=280,
-                       stdin=subprocess.DEVNULL)
-
-    built = cached_build(EXAMPLE, sources(EXAMPLE, "pom.xml", "src/**/*"), package, "java")
-    return built / "target" / "transition-producer.jar"
+example_jar = java_example_jar
 
 
 def events_file(path: Path, vectors: list[dict[str, Any]]) -> Path:

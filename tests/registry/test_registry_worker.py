@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ from streamsched.kafka.reads import read_topic
 from streamsched.kafka.registry import RegistryClient
 from streamsched.kafka.security import RegistrySettings
 from streamsched.model.identity import route_key
-from streamsched.testing import make_event, produce_events, running_worker, wait_drained
+from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
 from streamsched.wire.registry import frame, subject_for, transition_schema_text
 from tests.examples.example_producers import (
     check_executed_once,
@@ -35,14 +33,6 @@ pytestmark = pytest.mark.kafka
 
 def conn_of(bootstrap: str, registry: Any) -> Connection:
     return Connection(bootstrap, registry=RegistrySettings(registry.url))
-
-
-async def poll(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f}s: {what}")
-        await asyncio.sleep(0.1)
 
 
 def dead_kinds(records: list[Any]) -> list[str]:
@@ -77,8 +67,10 @@ async def test_an_unreachable_registry_is_waited_out_and_nothing_is_dead_lettere
     schema_registry.pause()  # a fresh worker has no schema cached: it must ask, and cannot
     try:
         async with running_worker(rec.sched, conn) as worker:
-            await poll(lambda: worker.metrics.gauges.get("registry_waiting{partition=0}") == 1, 60,
-                       "the partition reports that it waits for the registry")
+            async def waiting() -> bool:
+                return worker.metrics.gauges.get("registry_waiting{partition=0}") == 1
+
+            await wait_for(waiting, timeout=60, what="the partition to report that it waits for the registry")
             assert rec.calls == []
             assert worker.metrics.snapshot()["last_error"]["kind"] == "registry_unavailable"
             schema_registry.resume()

@@ -12,7 +12,6 @@ import java.io.FileInputStream;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
-import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
@@ -20,7 +19,6 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.Future;
 import org.apache.avro.Schema;
-import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericRecord;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
@@ -85,16 +83,7 @@ public final class RegistryTransitionProducer {
 
     /** The transition as a record of {@code schema} (the transition schema or the evolved one). */
     public static GenericRecord record(TransitionProducer.Transition ev, Schema schema, String traceId) {
-        GenericRecord r = new GenericData.Record(schema);
-        r.put("event_id", ev.eventId());
-        r.put("type", ev.type());
-        r.put("tenant", ev.tenant());
-        r.put("target", ev.target());
-        r.put("due_ns", ev.dueNs());
-        r.put("payload", ByteBuffer.wrap(ev.payload().getBytes(StandardCharsets.UTF_8)));
-        r.put("produced_ns", ev.producedNs());
-        r.put("attempt", ev.attempt());
-        r.put("origin", ev.origin());
+        GenericRecord r = TransitionProducer.record(ev, schema);
         if (schema.getField(TRACE_ID) != null) {
             r.put(TRACE_ID, traceId);
         }

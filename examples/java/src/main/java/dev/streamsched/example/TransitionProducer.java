@@ -141,10 +141,9 @@ public final class TransitionProducer {
         return out.toByteArray();
     }
 
-    /** The record value: magic, schema id, then the plain Avro binary of the record. */
-    public static byte[] encode(Transition ev) {
-        check(ev);
-        GenericRecord r = new GenericData.Record(SCHEMA);
+    /** The transition as a record of {@code schema}: the transition schema, or one that adds fields. */
+    public static GenericRecord record(Transition ev, Schema schema) {
+        GenericRecord r = new GenericData.Record(schema);
         r.put("event_id", ev.eventId());
         r.put("type", ev.type());
         r.put("tenant", ev.tenant());
@@ -154,6 +153,13 @@ public final class TransitionProducer {
         r.put("produced_ns", ev.producedNs());
         r.put("attempt", ev.attempt());
         r.put("origin", ev.origin());
+        return r;
+    }
+
+    /** The record value: magic, schema id, then the plain Avro binary of the record. */
+    public static byte[] encode(Transition ev) {
+        check(ev);
+        GenericRecord r = record(ev, SCHEMA);
         ByteArrayOutputStream out = new ByteArrayOutputStream();
         out.write(MAGIC);
         out.write(SCHEMA_ID);
