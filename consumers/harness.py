@@ -287,18 +287,24 @@ def judge_calls(calls: Iterable[tuple[str, int] | tuple[str, int, int | None]],
                       after_outcome=dict(after), unbacked=unbacked)
 
 
-def fences_strictly_increase(history: dict[str, list[ClaimState]]) -> bool:
-    """Claims of one identity take strictly increasing fences. Kafka-native items write only a
-    RELEASED snapshot (claim and release in one transaction), so also: across all snapshots a
-    fence never decreases, and it rises whenever the delivery ordinal rises."""
-    for states in history.values():
+def fences_not_rising(history: dict[str, list[ClaimState]]) -> list[str]:
+    """Identities whose claims break the fence rule (empty when every one holds it): claims of
+    one identity take strictly increasing fences. Kafka-native items write only a RELEASED
+    snapshot (claim and release in one transaction), so also: across all snapshots a fence never
+    decreases, and it rises whenever the delivery ordinal rises."""
+    bad = []
+    for identity, states in history.items():
         fences = [s.fence for s in states if s.status is ClaimStatus.CLAIMED]
-        if any(b <= a for a, b in itertools.pairwise(fences)):
-            return False
-        for a, b in itertools.pairwise(states):
-            if b.fence < a.fence or (b.ordinal > a.ordinal and b.fence <= a.fence):
-                return False
-    return True
+        if any(b <= a for a, b in itertools.pairwise(fences)) or any(
+                b.fence < a.fence or (b.ordinal > a.ordinal and b.fence <= a.fence)
+                for a, b in itertools.pairwise(states)):
+            bad.append(identity)
+    return bad
+
+
+def fences_strictly_increase(history: dict[str, list[ClaimState]]) -> bool:
+    """Every identity holds the fence rule (see :func:`fences_not_rising`)."""
+    return not fences_not_rising(history)
 
 
 async def unresolved_below_commit(bootstrap: str, wf: Workflow) -> list[tuple[int, int]]:
@@ -338,12 +344,31 @@ class Audit:
     """Identities executed again after their outcome was stored: always a failure."""
     unbacked: tuple[str, ...] = ()
     """Identities whose stored success no accepted call under its fence produced."""
+    fence_breaks: tuple[str, ...] = ()
+    """Identities whose fences do not rise (see :func:`fences_not_rising`)."""
+    missing_ids: tuple[str, ...] = ()
+    """The first identities without an effect (at most 10)."""
+    extra_ids: tuple[str, ...] = ()
+    """The first identities with more than one effect or an effect not expected (at most 10)."""
+
+    def failures(self) -> list[str]:
+        """Each check that failed, with the identities it concerns: what an assertion shows."""
+        checks = [
+            (self.effects == self.unique == self.identities_with_one_effect,
+             f"effects {self.effects}, unique {self.unique}, "
+             f"with one effect {self.identities_with_one_effect}"),
+            (self.missing == 0, f"{self.missing} missing, e.g. {list(self.missing_ids)}"),
+            (self.extra_effects == 0, f"{self.extra_effects} extra effects, e.g. {list(self.extra_ids)}"),
+            (self.fences_ok, f"fences not rising: {list(self.fence_breaks[:10])}"),
+            (self.all_released, "an expected identity's last claim is not released with an outcome"),
+            (not self.reexecuted, f"re-executed after their outcome: {list(self.reexecuted[:10])}"),
+            (not self.unbacked, f"stored success without a call: {list(self.unbacked[:10])}"),
+        ]
+        return [what for held, what in checks if not held]
 
     @property
     def ok(self) -> bool:
-        return (self.effects == self.unique == self.identities_with_one_effect and self.missing == 0
-                and self.extra_effects == 0 and self.fences_ok and self.all_released
-                and not self.reexecuted and not self.unbacked)
+        return not self.failures()
 
 
 async def audit(bootstrap: Conn, wf: Workflow, events: list[TransitionEvent]) -> Audit:
@@ -355,6 +380,7 @@ async def audit(bootstrap: Conn, wf: Workflow, events: list[TransitionEvent]) ->
     released = all(history.get(i) and history[i][-1].status is ClaimStatus.RELEASED
                    and history[i][-1].outcome is not None for i in expected)
     total = sum(seen[i] for i in expected)
+    breaks = fences_not_rising(history)
     return Audit(
         events=len(events), selected=len(selected), unique=len(expected), effects=total,
         duplicates_suppressed=len(selected) - total,
@@ -362,7 +388,11 @@ async def audit(bootstrap: Conn, wf: Workflow, events: list[TransitionEvent]) ->
         extra_effects=sum(max(0, seen[i] - 1) for i in expected) + sum(
             c for i, c in seen.items() if i not in expected),
         missing=sum(1 for i in expected if seen[i] == 0),
-        fences_ok=fences_strictly_increase(history),
+        fences_ok=not breaks,
+        fence_breaks=tuple(breaks),
+        missing_ids=tuple(sorted(i for i in expected if seen[i] == 0)[:10]),
+        extra_ids=tuple(sorted([i for i in expected if seen[i] > 1]
+                               + [i for i, c in seen.items() if i not in expected and c])[:10]),
         all_released=bool(released),
         calls=sum(judged.calls[i] for i in expected),
         retried=len(judged.retried),

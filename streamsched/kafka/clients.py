@@ -416,7 +416,8 @@ def _recover_from_timeouts(built: object) -> None:
     """Bound ``built``'s connections and requests to :data:`REQUEST_BOUND_MS` and refresh its
     metadata, at most every :data:`REFRESH_ON_TIMEOUT_S`, when a request times out or its
     connection fails, so the retry goes to the node that took over (aiokafka retries the same
-    one until its periodic refresh)."""
+    one until its periodic refresh); a coordinator lookup whose connection closes is retried
+    (:func:`streamsched.kafka.compat.retry_lost_lookups`)."""
     client = compat.client_of(built)
     last = [float("-inf")]
 
@@ -429,6 +430,9 @@ def _recover_from_timeouts(built: object) -> None:
     if client is None or not compat.bound_requests(client, REQUEST_BOUND_MS / 1000, refresh):
         log.warning("aiokafka client internals changed; requests to a broker that stopped "
                     "answering wait for the whole request timeout")
+    if client is None or not compat.retry_lost_lookups(client):
+        log.warning("aiokafka client internals changed; a coordinator lookup whose connection "
+                    "closes may stop a producer")
 
 
 def producer(conn: Conn, **options: Any) -> Producer:

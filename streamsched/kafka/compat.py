@@ -192,6 +192,33 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
     return True
 
 
+def retry_lost_lookups(client: Any) -> bool:
+    """Make a (not yet started) ``AIOKafkaClient`` report a coordinator lookup whose connection
+    closed under it as ``NodeNotReadyError``, which every caller retries. False (nothing changed)
+    if aiokafka's client differs.
+
+    aiokafka 0.14's producer sender retries a FindCoordinator that failed with
+    CoordinatorNotAvailable, NodeNotReady or RequestTimedOut, but any other ``KafkaError``, a
+    ``KafkaConnectionError`` included (the node it asked closed the connection: a broker going
+    down, or its connections dropped as leaders move), ends the sender routine ("Unexpected error
+    in sender routine") and with it the producer, so the partition's owner restarts for nothing.
+    The consumer's group coordinator already retries any retriable error and sees no difference."""
+    from aiokafka.errors import KafkaConnectionError, NodeNotReadyError
+
+    original = getattr(client, "coordinator_lookup", None)
+    if original is None:
+        return False
+
+    async def coordinator_lookup(coordinator_type: Any, coordinator_key: Any) -> Any:
+        try:
+            return await original(coordinator_type, coordinator_key)
+        except KafkaConnectionError as exc:
+            raise NodeNotReadyError(f"coordinator lookup lost its connection: {exc}") from exc
+
+    client.coordinator_lookup = coordinator_lookup
+    return True
+
+
 def contain_requeue(producer: object) -> bool:
     """Make a producer's accumulator drop, not re-queue, a batch that already failed.
 

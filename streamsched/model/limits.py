@@ -14,6 +14,10 @@ MAX_DELIVERY_ATTEMPTS = 10
 MAX_SELECTION_WAIT_S = 30.0
 MIN_CLAIM_DURATION_S = 5.0
 MAX_CLAIM_DURATION_S = 900.0
+MAX_CLOCK_SKEW_S = 900.0
+"""How far apart the wall clocks of one group's workers may be and still never take a live lease
+early: another owner's claim whose lease ended longer ago than this (by the observer's clock) is
+taken over at once, any younger one is watched for a whole claim duration first."""
 MAX_RETRY_DELAY_S = 3600.0
 MAX_PAYLOAD_BYTES = 256 * 1024
 """Largest JSON payload carried by a transition event."""

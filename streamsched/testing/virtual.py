@@ -148,7 +148,8 @@ class SchedulerRig:
             turns = TurnRunner(s, p, producer, state, owner=self.owner,
                                metrics=self.metrics, clock=self.clock, commit_interval_s=0.0,
                                partitions=n, feedback_lookup=lookup,
-                               rng=random.Random(f"{self.seed}:{s.name}:{p}"))
+                               rng=random.Random(f"{self.seed}:{s.name}:{p}"),
+                               monotonic=self.clock)  # virtual time never goes back
             resume = {tp: kafka.committed(s.group, tp.topic, tp.partition) or 0 for tp in pair}
             for tp, offset in resume.items():
                 self.consumer.seek(tp, offset)

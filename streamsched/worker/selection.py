@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -17,10 +18,10 @@ from streamsched import failpoints
 from streamsched.errors import DecodeError, RegistryUnavailable, StreamschedError
 from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.metrics import Metrics
-from streamsched.model.claims import ClaimState
+from streamsched.model.claims import ClaimState, ClaimStatus
 from streamsched.model.event import TransitionEvent
 from streamsched.model.fastinit import fast_init
-from streamsched.model.limits import MAX_PARK_S
+from streamsched.model.limits import MAX_CLOCK_SKEW_S, MAX_PARK_S
 from streamsched.wire.avro_schema import MAGIC
 from streamsched.wire.control import REDRIVE, RedriveRequest, control_kind, decode_request
 from streamsched.wire.dead_letter import NO_VALUE_REASON
@@ -30,6 +31,9 @@ from streamsched.wire.transition import decode_transition
 from streamsched.worker.app import SchedulerDef
 
 ENVELOPE = bytes((MAGIC,))
+MAX_WATCHED = 4096
+"""Other owners' claims one partition watches at most (see :meth:`Selector._held_until`): a
+successor sees at most its predecessors' claims in flight."""
 
 
 @functools.lru_cache(maxsize=8192)
@@ -185,7 +189,8 @@ class Selector:
     def __init__(self, scheduler: SchedulerDef, partition: int, *, owner: str, metrics: Metrics,
                  clock: Callable[[], int], current: Callable[[str], ClaimState],
                  claimed: Callable[[str], bool] = lambda _identity: False,
-                 schemas: Schemas | None = None) -> None:
+                 schemas: Schemas | None = None,
+                 monotonic: Callable[[], int] = time.monotonic_ns) -> None:
         self.s = scheduler
         self.schemas = schemas
         self.partition = partition
@@ -195,6 +200,40 @@ class Selector:
         self.current = current
         self.claimed = claimed
         """Whether an identity is claimed and still running (a later record of it follows)."""
+        self.monotonic = monotonic
+        self._watched: OrderedDict[tuple[str, int], int] = OrderedDict()
+        """(identity, fence) of another owner's claim -> when this owner first saw it (monotonic)."""
+
+    def _held_until(self, st: ClaimState, now: int) -> int | None:
+        """Until when (wall clock, ns) another owner's claim ``st`` is honoured; None once it is not.
+
+        The lease's end was computed on the claimant's wall clock, which may run behind this
+        one's: judged by this clock alone, a claim could be taken over while its owner is still
+        inside its lease. So a claim is also held for one whole claim duration from when this
+        owner first saw it, timed on this process's monotonic clock: the claim was written before
+        it was seen, so no lease (of the same duration) is taken early, whatever the clocks say.
+        A clock behind the claimant's still waits for the lease's end by its own reading. The
+        price with agreeing clocks: a crashed owner's claims wait up to the time the takeover
+        took on top of the lease (a few seconds of the group's session timeout). A lease that
+        ended more than :data:`MAX_CLOCK_SKEW_S` ago by this clock (a crash long past) is not
+        watched: no clock of the group is assumed to be that far behind."""
+        if st.status not in (ClaimStatus.CLAIMED, ClaimStatus.OUTCOME_STORED):
+            return None
+        if st.lease_expires_ns <= now - int(MAX_CLOCK_SKEW_S * 1e9):
+            return None
+        key = (st.identity, st.fence)
+        mono = self.monotonic()
+        seen = self._watched.get(key)
+        if seen is None:
+            seen = self._watched[key] = mono
+            if len(self._watched) > MAX_WATCHED:
+                # Forgetting a watch only makes its claim wait longer (it is watched again from now).
+                self._watched.popitem(last=False)
+        left = max(seen + int(self.s.claim_duration_s * 1e9) - mono, st.lease_expires_ns - now)
+        if left <= 0:
+            del self._watched[key]
+            return None
+        return now + left
 
     def item(self, rec: ConsumerRecord) -> Item:
         """Decode one record and resolve its identity, or say why it is a dead letter."""
@@ -240,11 +279,12 @@ class Selector:
                 items[-1] = _parked(it, min(it.event.due_ns, now + int(MAX_PARK_S * 1e9)), it.event.attempt)
                 self.metrics.inc("deferred_until_due")
                 continue
-            if st.lease_active(now) and st.owner != self.owner:
+            held_until = self._held_until(st, now) if st.owner != self.owner else None
+            if held_until is not None:
                 # Another owner's unexpired lease (a predecessor that may still be executing) is
                 # honoured: the item comes back through the due index when the lease expires and
                 # is then reclaimed with a fresh fence. Healthy items behind it go on.
-                items[-1] = _parked(it, st.lease_expires_ns, it.event.attempt)
+                items[-1] = _parked(it, held_until, it.event.attempt)
                 self.metrics.inc("lease_waits")
                 continue
             leaders.append(it)

@@ -88,7 +88,8 @@ class TurnRunner:
                  bootstrap: clients.Conn = "", partitions: int | None = None,
                  feedback_lookup: Lookup | None = None, claim_first: bool | None = None,
                  txn_deadline_s: float = TXN_DEADLINE_S, rng: random.Random | None = None,
-                 schemas: SchemaCache | None = None) -> None:
+                 schemas: SchemaCache | None = None,
+                 monotonic: Callable[[], int] = time.monotonic_ns) -> None:
         """``partitions``: the transition topic's partition count (asked of the producer's
         metadata before the first batch when not given). ``feedback_lookup``: how a schedule
         feedback topic's partition count is found (default: an admin request via ``bootstrap``).
@@ -96,7 +97,8 @@ class TurnRunner:
         when the scheduler has an external command. ``commit_interval_s``: how often offsets
         ride in a transaction under load, and how long a Kafka-native transaction gathers.
         ``rng``: the source of retry jitter (seeded by tests that must replay exactly).
-        ``schemas``: the worker's writer schemas of a registry-format topic.
+        ``schemas``: the worker's writer schemas of a registry-format topic. ``monotonic``:
+        how long another owner's claim was watched is timed on it (virtual time in tests).
         """
         self.scheduler = scheduler
         self.partition = partition
@@ -121,7 +123,8 @@ class TurnRunner:
         self.schemas = schemas
         self._selector = Selector(scheduler, partition, owner=owner, metrics=metrics, clock=clock,
                                   current=self._current, claimed=self.window.claims,
-                                  schemas=schemas.get if schemas is not None else None)
+                                  schemas=schemas.get if schemas is not None else None,
+                                  monotonic=monotonic)
         export_corrupt(state, metrics)
 
     def _current(self, identity: str) -> ClaimState:

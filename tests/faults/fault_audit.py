@@ -88,12 +88,18 @@ class FaultAudit:
     later claim took the identity over: an owner that executed after its work moved on."""
     unresolved_below_commit: list[tuple[int, int]]
 
+    def failures(self) -> list[str]:
+        """Each check that failed, with what it concerns (empty when the audit is clean)."""
+        found = self.base.failures()
+        if self.calls_after_lease:
+            found.append(f"calls after their lease: {self.calls_after_lease[:10]}")
+        if self.unresolved_below_commit:
+            found.append(f"committed past unresolved events: {self.unresolved_below_commit[:10]}")
+        return found
+
     @property
     def ok(self) -> bool:
-        b = self.base
-        return (b.missing == 0 and b.extra_effects == 0 and b.effects == b.unique and b.fences_ok
-                and b.all_released and not b.reexecuted and not b.unbacked
-                and not self.calls_after_lease and not self.unresolved_below_commit)
+        return not self.failures()
 
 
 def calls_after_lease(calls: list[Call], history: dict[str, list[ClaimState]]) -> list[str]:

@@ -97,7 +97,7 @@ async def _stop_and_audit(sc: Scenario, record: Record, name: str, **extra: Any)
     restarts = sum((sc.tmp / f"{w}.log").read_text(errors="replace").count("restarting ") for w in sc.workers)
     result = await audit(sc)
     report(sc, name, result, record, owner_restarts=restarts, **extra)
-    assert result.ok, result
+    assert result.ok, result.failures()
     assert_clean_logs(sc, allow=BROKER_DOWN_ERRORS)
 
 

@@ -6,21 +6,22 @@ aiokafka's timeouts and thread waits run on the monotonic clock and keep working
 child first, :func:`~tests.faults.skew_disk_support.check_skew`).
 
 **What a claim's lease is, and what this scenario proves about it.** A claim carries
-``lease_expires_ns`` = the claimant's wall clock + the claim duration, and a new owner honours
-another owner's unexpired lease by its *own* wall clock (``selection.py``: ``lease_waits``). The
-lease is advisory; exactly-once of effects rests on fencing, not on clocks: a partition's new
-owner fences every earlier owner's producer (no Kafka write of theirs commits any more), every
+``lease_expires_ns`` = the claimant's wall clock + the claim duration. A new owner honours another
+owner's claim until the lease ends by its *own* wall clock and, as well, for one whole claim
+duration from when it first saw the claim on its monotonic clock (``selection.py``:
+``lease_waits``): the claim was written before it was seen, so a clock running ahead never takes
+a lease early, and one running behind waits up to its lag longer. Exactly-once of effects rests
+on fencing, not on clocks: a partition's new owner fences every earlier owner's producer, every
 claim mints a higher fence than all before it and is committed before its effect, and the
-destination refuses a call whose fence is below one it already saw. So with clocks ``s`` apart a
-fast-clock owner takes over another's claims up to ``s`` early and a slow-clock one waits up to
-``s`` longer; what does not depend on the clocks, and is asserted here:
+destination refuses a call whose fence is below one it already saw. Asserted here:
 
 * no identity is executed after its outcome was stored (judged by fence, clock-free);
 * every identity has exactly one effect, fences strictly increase, every claim is released;
-* a claim is only ever taken over from the worker that was killed (never from a live one): every
-  change of owner of a claimed identity comes from the dead slow-clock worker's claims, and an
-  identity is executed twice only if that worker died between its effect and its outcome
-  (at-least-once by design for external commands, the second call with a higher fence).
+* no claim is taken before the lease it replaces ended in real time (libfaketime's offsets are
+  exact, so each claim's real time follows from its owner's offset);
+* a claim is only ever taken over from the worker that was killed or paused, and an identity is
+  executed twice only if that worker died between its effect and its outcome (at-least-once by
+  design for external commands, the second call with a higher fence).
 
 The killed worker is the slow one: a surviving slow-clock worker would wait for a dead fast-clock
 worker's leases for the skew (10 minutes here), which is the liveness price of the design, not a
@@ -90,6 +91,29 @@ def takeovers(history: dict[str, list[ClaimState]]) -> list[tuple[str, str]]:
             if st.status is ClaimStatus.CLAIMED and holder is not None and st.owner != holder:
                 out.append((holder, st.owner))
             holder = st.owner if st.status in (ClaimStatus.CLAIMED, ClaimStatus.OUTCOME_STORED) else None
+    return out
+
+
+def early_takeovers(history: dict[str, list[ClaimState]], offsets: dict[str, int],
+                    duration_s: float) -> list[tuple[str, float]]:
+    """(identity, seconds early) of every claim taken from another owner before that owner's lease
+    ended in real time. Each lease end is the claimant's wall clock plus ``duration_s``; an owner
+    whose name contains a key of ``offsets`` ran that many seconds off (libfaketime's offset is
+    exact), the others on the real clock."""
+    def offset_ns(owner: str) -> int:
+        return next((int(s * 1e9) for tag, s in offsets.items() if tag in owner), 0)
+
+    duration_ns = int(duration_s * 1e9)
+    out = []
+    for identity, states in history.items():
+        holder: ClaimState | None = None
+        for st in states:
+            if st.status is ClaimStatus.CLAIMED and holder is not None and st.owner != holder.owner:
+                taken_real = st.lease_expires_ns - offset_ns(st.owner) - duration_ns
+                ended_real = holder.lease_expires_ns - offset_ns(holder.owner)
+                if taken_real < ended_real:
+                    out.append((identity, round((ended_real - taken_real) / 1e9, 3)))
+            holder = st if st.status in (ClaimStatus.CLAIMED, ClaimStatus.OUTCOME_STORED) else None
     return out
 
 
@@ -163,6 +187,8 @@ async def test_workers_five_minutes_apart_execute_each_identity_once(bootstrap: 
     history = await claim_history(bootstrap, wf)
     taken_from = {a for a, _b in takeovers(history)}
     assert taken_from and all(dead in owner for owner in taken_from), taken_from
+    skews = {dead: BEHIND, f"-{fast.pid}-": AHEAD}
+    assert early_takeovers(history, skews, float(CRASH_ENV["STREAMSCHED_CLAIM_DURATION_S"])) == []
     # Twice only where the killed worker died between an effect and its outcome.
     died_holding = {i for i, states in history.items()
                     if any(dead in st.owner and st.status is ClaimStatus.CLAIMED for st in states)}
@@ -171,16 +197,16 @@ async def test_workers_five_minutes_apart_execute_each_identity_once(bootstrap: 
     assert not refused_calls(wf), "a stale fence reached the ledger"
 
 
-async def test_a_fast_clock_takes_a_paused_workers_live_claims_and_fencing_keeps_effects_once(
-        bootstrap: str, tmp_path: Path) -> None:
-    """The lease does not hold a fast clock back: a worker paused (SIGSTOP) in its external call
-    holds claims with a 120 s lease, and a successor 5 minutes ahead reclaims them at once (a
-    normal-clock successor would wait the 120 s: ``lease_waits``). Fencing is what keeps the
-    effects once: the successor's claims carry higher fences, the paused worker, resumed, reaches
-    the ledger with its stale fence (refused) and is fenced out of Kafka."""
+async def test_a_fast_clock_waits_out_a_paused_workers_live_claims(bootstrap: str, tmp_path: Path) -> None:
+    """A worker paused (SIGSTOP) in its external call holds claims with a 20 s lease; a successor
+    5 minutes ahead sees them expired by its wall clock, and still takes none before its lease
+    ends in real time: it watches each for a whole claim duration on its monotonic clock. The
+    paused worker, resumed, reaches the ledger with its stale fence (refused) and is fenced out
+    of Kafka."""
     wf, events = await seeded_workflow(bootstrap, "due_runs", "skewzombie", tmp_path, partitions=2,
                                        unique=12, duplicates=4)
-    env = {**CRASH_ENV, **wf.env, "STREAMSCHED_CLAIM_DURATION_S": "120"}
+    duration_s = 20
+    env = {**CRASH_ENV, **wf.env, "STREAMSCHED_CLAIM_DURATION_S": str(duration_s)}
     zombie = WorkerProcess(wf.app_ref, bootstrap, log_path=tmp_path / "zombie.log",
                            env={**env, "STREAMSCHED_LEDGER_LATENCY_S": "3",
                                 "STREAMSCHED_STORE_DIR": str(tmp_path / "zombie")}).start()
@@ -196,8 +222,7 @@ async def test_a_fast_clock_takes_a_paused_workers_live_claims_and_fencing_keeps
     try:
         assert accepted_calls(wf) == {}
         fast.start()
-        # Well inside the paused worker's 120 s leases: the fast clock sees them expired.
-        await wait_drained(bootstrap, wf.group, wf.topic, timeout=60)
+        await wait_drained(bootstrap, wf.group, wf.topic, timeout=60 + duration_s)
         zombie.signal(signal.SIGCONT)
 
         async def zombie_fenced() -> bool:
@@ -214,7 +239,8 @@ async def test_a_fast_clock_takes_a_paused_workers_live_claims_and_fencing_keeps
     dead, live = f"-{zombie.pid}-", f"-{fast.pid}-"
     taken = takeovers(history)
     assert taken and all(dead in a and live in b for a, b in taken), taken
-    assert final_counters(tmp_path / "fast.log").get("lease_waits", 0) == 0, "the fast clock waited"
+    assert early_takeovers(history, {live: AHEAD}, duration_s) == []
+    assert final_counters(tmp_path / "fast.log").get("lease_waits", 0) > 0, "the fast clock did not wait"
     # Each identity: one accepted fence (the successor's); the paused worker's call was refused.
     accepted: dict[str, set[int]] = defaultdict(set)
     for key, fence, ok in Ledger(wf.ledger).calls():

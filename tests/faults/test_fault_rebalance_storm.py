@@ -184,7 +184,7 @@ async def test_members_join_and_leave_every_two_seconds(scenario: Scenario, reco
     assert result.base.unique == BATCHES * PER_BATCH, (result, replay)
     # Every event resolved, one effect per identity, fences increase, no identity called again
     # once its outcome was stored (a killed member's unfinished calls may be repeated).
-    assert result.ok, (result, replay)
+    assert result.ok, (result.failures(), replay)
     assert_clean_logs(sc)
     assert exits == len(graceful)
     assert restarts >= 5, f"the storm never restarted a failed owner; it proved less than it says ({replay})"

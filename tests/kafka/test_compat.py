@@ -281,6 +281,40 @@ async def test_a_bounded_request_times_out_closes_its_connection_and_calls_the_h
     assert not compat.bound_requests(SimpleNamespace(), 1.0, lambda: None)  # a different aiokafka
 
 
+async def test_a_coordinator_lookup_that_loses_its_connection_is_retried_not_fatal() -> None:
+    from aiokafka.client import CoordinationType
+    from aiokafka.errors import KafkaConnectionError
+
+    _method(AIOKafkaClient, "coordinator_lookup", ["coordinator_type", "coordinator_key"],
+            "retry_lost_lookups", coroutine=True)
+    producer = clients.transactional_producer("127.0.0.1:1", "tx-lookup")
+    try:
+        client, sender = producer.client, producer._sender
+        answers: list[object] = [KafkaConnectionError("Connection at 127.0.0.1:1 closed"), 7]
+
+        async def lookup(coordinator_type: object, coordinator_key: object) -> object:
+            answer = answers.pop(0)
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+
+        async def nothing(*_args: object, **_kwargs: object) -> bool:
+            return True
+
+        client.force_metadata_update, client.ready = nothing, nothing
+        client.coordinator_lookup = lookup
+        # Unwrapped, aiokafka's own sender gives up: the error would end its routine.
+        with pytest.raises(KafkaError):
+            await sender._find_coordinator(CoordinationType.TRANSACTION, "tx-lookup")
+        answers[:] = [KafkaConnectionError("Connection at 127.0.0.1:1 closed"), 7]
+        assert compat.retry_lost_lookups(client)
+        assert await sender._find_coordinator(CoordinationType.TRANSACTION, "tx-lookup") == 7
+        assert answers == []
+        assert not compat.retry_lost_lookups(SimpleNamespace())  # a different aiokafka
+    finally:
+        await producer.stop()
+
+
 async def test_a_batch_failed_by_a_dead_sender_is_dropped_not_requeued() -> None:
     _method(MessageAccumulator, "reenqueue", ["batch"], "contain_requeue", coroutine=False)
     # What contain_requeue guards: reenqueue removes the batch from the pending set, which a
