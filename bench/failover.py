@@ -33,7 +33,9 @@ rounds as ``<key>_rounds``, the settings used (``settings``), the machine's load
 to exit after SIGTERM, sent 3 s after the group coordinator was paused (the drain deadline is
 10 s). Progress goes to stderr.
 
-Usage: ``python bench/failover.py [--rounds N] [--quick] [--partitions 6] [--workers 2]``.
+Usage: ``python bench/failover.py [--rounds N] [--quick] [--partitions 6] [--workers 2]
+[--scenarios kill,pause] [--broker-config KEY=VALUE ...]`` (a broker setting over Kafka's
+defaults shows what the brokers' own timeouts cost; the targets are for the defaults).
 """
 
 from __future__ import annotations
@@ -320,9 +322,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "pause_s": args.pause_s, "rounds": args.rounds, "nodes": 3, "replication": 3,
                 "min_insync_replicas": 2, "broker_session_timeout_ms": 9000,
                 "claim_duration_s": 5.0, "client_settings": "documented defaults",
+                "broker_config": args.broker_config or "Kafka's defaults",
                 "metadata_max_age_ms": clients.METADATA_MAX_AGE_MS}
     result: dict[str, Any] = {"settings": settings, "load_avg_start": load_avg()}
-    async with LocalCluster(data_dir=workdir / "cluster", nodes=3) as cluster:
+    cluster_dir = workdir / "cluster"
+    async with LocalCluster(data_dir=cluster_dir, nodes=3, extra_config=args.broker_config) as cluster:
         try:
             bootstrap = cluster.bootstrap
             wf = Workflow("due_runs", f".fo-{uuid.uuid4().hex[:6]}", workdir / "ledger.sqlite3")
@@ -348,9 +352,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                                              "warm-up lag")
                 if not ok:
                     raise SystemExit("warm-up failed; worker log tail:\n" + workers[0].log_tail(40))
-                rounds: dict[str, list[dict[str, Any]]] = {"kill": [], "pause": []}
+                rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in args.scenarios}
                 for i in range(args.rounds):
-                    for kind in ("kill", "pause"):
+                    for kind in args.scenarios:
                         log(f"round {i + 1}/{args.rounds}: {kind}")
                         rounds[kind].append(await scenario(kind, cluster, wf, load, mon, args))
                         dead = [w.pid for w in workers if not w.alive()]
@@ -386,6 +390,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             result["sender_errors"] = count_in_logs(logs, "Unexpected error in sender routine")
             result["unretrieved_tasks"] = count_in_logs(logs, "exception was never retrieved")
             result["reenqueue_key_errors"] = count_in_logs(logs, "reenqueue")
+            # The brokers' own wait: a transaction coordinator's markers to a stopped broker stay in
+            # flight for the brokers' request.timeout.ms, and the transaction with them.
+            result["txn_marker_timeouts"] = count_in_logs(
+                sorted((workdir / "cluster").glob("node-*/server.log")),
+                "Cancelled in-flight WRITE_TXN_MARKERS")
         finally:
             for node in list(cluster.procs):
                 cluster.kill_node(node, signal.SIGCONT)  # never leave a stopped JVM behind
@@ -405,7 +414,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup-s", type=float, default=20.0)
     ap.add_argument("--max-wait-s", type=float, default=120.0)
     ap.add_argument("--data-dir", help="keep the cluster, ledger and worker logs here")
+    ap.add_argument("--scenarios", default="kill,pause", help="comma-separated: kill, pause")
+    ap.add_argument("--broker-config", action="append", default=[], metavar="KEY=VALUE",
+                    help="a broker setting over Kafka's default, on every node (repeatable)")
     args = ap.parse_args(argv)
+    args.scenarios = [k for k in args.scenarios.split(",") if k]
+    if not args.scenarios or set(args.scenarios) - {"kill", "pause"}:
+        ap.error("--scenarios takes kill and/or pause")
+    if any("=" not in kv for kv in args.broker_config):
+        ap.error("--broker-config takes KEY=VALUE")
+    args.broker_config = dict(kv.split("=", 1) for kv in args.broker_config)
     if args.quick:
         args.rounds = 1
     return args

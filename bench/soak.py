@@ -69,10 +69,12 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +99,7 @@ from streamsched.kafka.producer import Producer  # noqa: E402
 from streamsched.kafka.reads import group_lag  # noqa: E402
 from streamsched.model.event import TransitionEvent  # noqa: E402
 from streamsched.model.names import internal_topic  # noqa: E402
-from streamsched.ops.broker import DEFAULT_HEAP, LocalCluster  # noqa: E402
+from streamsched.ops.broker import DEFAULT_HEAP, LocalCluster, free_port  # noqa: E402
 from streamsched.testing import WorkerProcess, make_event, wait_drained  # noqa: E402
 from tests.faults.fault_audit import FaultAudit, calls_after_lease, unexpected_log_lines  # noqa: E402
 from tests.faults.fault_harness import WORKER_ENV  # noqa: E402
@@ -130,6 +132,20 @@ def proc_stats(pid: int) -> dict[str, Any] | None:
     except (OSError, StopIteration, ValueError):
         return None
     return {"pid": pid, "rss_mb": round(rss_kb / 1024, 1), "fds": fds}
+
+
+STORE_MEMORY = re.compile(r'^streamsched_store_memory_bytes\{[^}]*kind="(\w+)"[^}]*\} (\S+)$', re.M)
+
+
+def store_memory_mb(port: int) -> dict[str, float] | None:
+    """The worker's RocksDB block cache and memtables (MB), from its /metrics; None if it does
+    not answer (restarting, or paused with a broker)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return {kind: round(float(v) / 2**20, 1) for kind, v in STORE_MEMORY.findall(text)}
 
 
 def quantile(values: list[float], q: float) -> float | None:
@@ -218,6 +234,7 @@ class Soak:
         self.load = SoakLoad(cluster.bootstrap, self.wf, args.partitions, WARMUP_RATE,
                              dup_ratio=args.dup_ratio)
         self.slots: list[Slot] = []
+        self.ports: dict[str, int] = {}
         self.faulting: set[str] = set()
         self.faults: list[dict[str, Any]] = []
         self.reasons: list[str] = []
@@ -234,7 +251,9 @@ class Soak:
         return self.cluster.bootstrap
 
     def start_worker(self, name: str) -> WorkerProcess:
-        return WorkerProcess(self.wf.app_ref, self.bootstrap, env=self.env,
+        port = self.ports.setdefault(name, free_port())  # a restarted worker serves on the same one
+        env = {**self.env, "STREAMSCHED_STATUS_PORT": str(port)}
+        return WorkerProcess(self.wf.app_ref, self.bootstrap, env=env,
                              log_path=self.workdir / f"{name}.log", cwd=ROOT).start()
 
     def restart(self, slot: Slot) -> None:
@@ -435,13 +454,19 @@ class Soak:
             "executed": len(self.executed), "executed_this_minute": len(new),
             "lag": sum(lag) if lag else None, "lag_delay_topic": lag[1] if lag else None,
             "latency_p50_ms": quantile(lat, 0.5), "latency_p99_ms": quantile(lat, 0.99),
-            "workers": {s.name: proc_stats(s.proc.pid) if s.proc.alive() else None for s in self.slots},
+            "workers": {s.name: await self.worker_stats(s) for s in self.slots},
             "brokers_rss_mb": {n: (proc_stats(p.pid) or {}).get("rss_mb")
                                for n, p in self.cluster.procs.items()},
             "faults": started,
             "load_avg": load_avg(),
         }
         return doc
+
+    async def worker_stats(self, slot: Slot) -> dict[str, Any] | None:
+        stats = proc_stats(slot.proc.pid) if slot.proc.alive() else None
+        if stats is not None:
+            stats["store_mb"] = await asyncio.to_thread(store_memory_mb, self.ports[slot.name])
+        return stats
 
     async def sample_loop(self) -> None:
         prev: dict[str, Any] | None = None
@@ -478,7 +503,13 @@ class Soak:
                            end_mb=e["rss_mb"],
                            growth_pct=round(growth * 100, 1),
                            second_half_growth_pct=m and round((e["rss_mb"] / m["rss_mb"] - 1) * 100, 1),
-                           fds_baseline=b["fds"], fds_end=e["fds"], judged=True)
+                           fds_baseline=b["fds"], fds_end=e["fds"], judged=True,
+                           store_baseline_mb=b.get("store_mb"), store_end_mb=e.get("store_mb"))
+                stores = [sum((x.get("store_mb") or {}).values()) for x in (b, e)]
+                if all(x.get("store_mb") for x in (b, e)):
+                    # What RocksDB's bounded caches filling up explains, and what is left.
+                    outside = (e["rss_mb"] - stores[1]) / (b["rss_mb"] - stores[0]) - 1
+                    row["growth_outside_stores_pct"] = round(outside * 100, 1)
                 if growth > RSS_GROWTH_LIMIT:
                     self.reasons.append(f"{slot.name} (pid {e['pid']}) RSS grew {growth * 100:.1f} % from "
                                         f"minute {base_minute} ({b['rss_mb']} MB) to the end "

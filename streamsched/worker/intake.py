@@ -278,6 +278,9 @@ class Worker:
             self.member.set_paused(delay_tp, want_pause or delay_full)
         self.metrics.set_gauge("lag", lag)
         self.metrics.set_gauge("due_items", len(self.due))
+        if self.stores is not None:
+            for kind, used in self.stores.memory().items():
+                self.metrics.set_gauge("store_memory_bytes", used, kind=kind)
 
     def _highwater(self, tp: TopicPartitionLike) -> int | None:
         if tp not in self.consumer.assignment():

@@ -92,6 +92,14 @@ class StoreEnv:
             opt.set_disable_auto_compactions(True)
         return opt
 
+    def memory(self) -> dict[str, int]:
+        """Bytes the shared RocksDB block cache and memtables use now (bounded by
+        ``block_cache_bytes`` and ``memtable_bytes``); empty before the first store opens."""
+        if self._shared is None:
+            return {}
+        cache, wbm = self._shared
+        return {"block_cache": int(cache.get_usage()), "memtables": int(wbm.get_usage())}
+
     def path(self, topic: str, partition: int) -> Path:
         return self.directory / topic / str(partition)
 

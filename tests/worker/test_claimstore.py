@@ -437,3 +437,18 @@ async def test_private_copies_a_killed_process_left_are_removed_and_live_ones_ke
         holder.wait(30)
     live.close()
     assert not live.path.exists()
+
+
+async def test_the_shared_rocksdb_memory_is_reported_and_bounded(env: StoreEnv) -> None:
+    assert env.memory() == {}  # nothing opened: nothing to report
+    records = [rec(resolved(f"sched_{i:05d}", 1, NOW)) for i in range(2_000)]
+    store = await restored(env, records)
+    try:
+        for i in range(0, 2_000, 7):
+            assert store.get(f"sched_{i:05d}").fence == 1
+        used = env.memory()
+        assert set(used) == {"block_cache", "memtables"}
+        assert 0 <= used["block_cache"] <= env.block_cache_bytes
+        assert 0 < used["memtables"] <= env.memtable_bytes  # the restored snapshots are in a memtable
+    finally:
+        store.close()
