@@ -89,6 +89,12 @@ expire on the coordinator that took over (measured, median of 3: every partition
 33.7 s after a broker was paused for 30 s, then a rebalance of every partition; with this bound
 15.2 s and no rebalance, see docs/failover.md). With 5 s, the second attempt after the fence goes
 to the node that took over."""
+UNRESPONSIVE_SKIP_S = 10.0
+"""How long every client of the process leaves a broker alone once a request or connection to it
+timed out (unless it answers first; :func:`streamsched.kafka.compat.bound_requests`). About
+Kafka's ``broker.session.timeout.ms`` (9 s): a broker silent for the whole request bound is by
+then fenced and its leaderships and coordinators moved, so the clients' next requests go to the
+nodes that took over instead of spending another bound each on the stopped one."""
 REFRESH_ON_TIMEOUT_S = 1.0
 """At most one forced metadata refresh per client this often on failed requests."""
 _CONSUMER_DEFAULTS: dict[str, Any] = {"metadata_max_age_ms": METADATA_MAX_AGE_MS}
@@ -427,7 +433,8 @@ def _recover_from_timeouts(built: object) -> None:
             last[0] = now
             client.force_metadata_update()
 
-    if client is None or not compat.bound_requests(client, REQUEST_BOUND_MS / 1000, refresh):
+    if client is None or not compat.bound_requests(client, REQUEST_BOUND_MS / 1000, refresh,
+                                                   skip_s=UNRESPONSIVE_SKIP_S):
         log.warning("aiokafka client internals changed; requests to a broker that stopped "
                     "answering wait for the whole request timeout")
     if client is None or not compat.retry_lost_lookups(client):

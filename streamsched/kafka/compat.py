@@ -105,8 +105,21 @@ def on_offset_lookup_error(consumer: object, hook: Callable[[], None]) -> bool:
 JOIN_GROUP_KEY, SYNC_GROUP_KEY = 11, 14
 """API keys of the requests a group coordinator may hold until a rebalance completes."""
 
+PROMPT_KEYS = frozenset({1, 2, 3, 9, 10, 12, 18})
+"""API keys a live broker answers on its own, at once (Fetch within its max wait, ListOffsets,
+Metadata, OffsetFetch, FindCoordinator, Heartbeat, ApiVersions): one of these timing out means the
+broker stopped answering. Produce, transaction and offset-commit requests may wait for the
+replicas of an ``acks=all`` write (a paused follower holds them until it leaves the ISR), so
+their timeouts say nothing about the broker that was asked."""
 
-def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], object]) -> bool:
+_UNRESPONSIVE: dict[object, float] = {}
+"""Brokers that let a request or a connection time out, shared by every client of the process:
+(host, port) (or a client's own node id while its address is unknown) -> skipped until when
+(monotonic). Cleared by any answer from the broker."""
+
+
+def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], object], *,
+                   skip_s: float | None = None) -> bool:
     """Make a (not yet started) ``AIOKafkaClient`` give up connecting to a broker, or waiting for
     its answer, after ``timeout_s``, and call ``on_timeout()`` whenever a request times out or its
     connection fails. JoinGroup and SyncGroup keep the client's own ``request_timeout_ms``: the
@@ -127,11 +140,15 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
       bounds every request but JoinGroup/SyncGroup, also on coordinator connections, which keep
       the client's timeout for those two: aiokafka then closes the connection, as on its own
       timeout, so the next request reconnects;
-    * a node whose connection or request timed out is skipped for ``timeout_s`` (``_get_conn``
-      answers None at once, as for a node it cannot reach): aiokafka picks nodes for metadata
-      and coordinator lookups at random and would otherwise spend a whole timeout on the
-      stopped node again and again, and every request to it fails at once and is retried after
-      its backoff (the Java client's reconnect backoff does the same)."""
+    * a broker whose connection or prompt request (:data:`PROMPT_KEYS`) timed out is skipped
+      for ``skip_s`` (default ``timeout_s``) by every client of the process (``_get_conn``
+      answers None at once, as for a node it cannot reach), until then or until it answers
+      anything: aiokafka picks nodes for metadata and coordinator lookups at random, and each
+      client of a worker (a transactional producer per partition, the consumer) would otherwise
+      spend a whole timeout on the stopped broker for each role it has there (partition leader,
+      transaction coordinator, group coordinator), one after the other. Requests to it fail at
+      once and are retried after their backoff (the Java client's reconnect backoff does the
+      same)."""
     from aiokafka.client import ConnectionGroup
     from aiokafka.conn import CloseReason
     from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
@@ -142,15 +159,21 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
     if send_original is None or get_conn_original is None or not isinstance(conns, dict):
         return False
     default = ConnectionGroup.DEFAULT
-    suspect: dict[Any, float] = {}
-    """Node id -> until when it is skipped (monotonic)."""
+    skip = timeout_s if skip_s is None else skip_s
+
+    def broker(node_id: Any) -> object:
+        found = getattr(getattr(client, "cluster", None), "broker_metadata", lambda _n: None)(node_id)
+        return (found.host, found.port) if found is not None else (id(client), node_id)
 
     def timed_out(node_id: Any) -> None:
-        suspect[node_id] = time.monotonic() + timeout_s
+        now = time.monotonic()
+        for key in [k for k, until in _UNRESPONSIVE.items() if until <= now]:
+            del _UNRESPONSIVE[key]  # expired: the registry holds brokers skipped now only
+        _UNRESPONSIVE[broker(node_id)] = now + skip
         on_timeout()  # as aiokafka does when a connection fails: its metadata may be stale
 
     async def get_conn(node_id: Any, *, group: Any = default, no_hint: bool = False) -> Any:
-        if suspect.get(node_id, 0.0) > time.monotonic():
+        if _UNRESPONSIVE.get(broker(node_id), 0.0) > time.monotonic():
             return None
         # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
         # arrives as the call completes, and a consumer's stop() then waits for its fetch task
@@ -171,21 +194,27 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
         held = getattr(request, "API_KEY", None) in (JOIN_GROUP_KEY, SYNC_GROUP_KEY)
         try:
             if held:
-                return await send_original(node_id, request, group=group)
-            try:
-                async with asyncio.timeout(timeout_s):
-                    return await send_original(node_id, request, group=group)
-            except TimeoutError as exc:
-                conn = conns.get((node_id, group))
-                if conn is not None:
-                    conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
-                raise RequestTimedOutError() from exc
+                answer = await send_original(node_id, request, group=group)
+            else:
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        answer = await send_original(node_id, request, group=group)
+                except TimeoutError as exc:
+                    conn = conns.get((node_id, group))
+                    if conn is not None:
+                        conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
+                    raise RequestTimedOutError() from exc
         except RequestTimedOutError:
-            timed_out(node_id)
+            if getattr(request, "API_KEY", None) in PROMPT_KEYS:
+                timed_out(node_id)
+            else:
+                on_timeout()
             raise
         except KafkaConnectionError:
             on_timeout()
             raise
+        _UNRESPONSIVE.pop(broker(node_id), None)  # it answers again
+        return answer
 
     client._get_conn = get_conn
     client.send = send

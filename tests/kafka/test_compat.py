@@ -28,7 +28,7 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.conn import AIOKafkaConnection
 from aiokafka.consumer.fetcher import Fetcher, FetchResult, PartitionRecords
 from aiokafka.consumer.subscription_state import SubscriptionState
-from aiokafka.errors import KafkaError, NotLeaderForPartitionError
+from aiokafka.errors import KafkaError, NotLeaderForPartitionError, RequestTimedOutError
 from aiokafka.producer.message_accumulator import BatchBuilder, MessageAccumulator, MessageBatch
 from aiokafka.producer.transaction_manager import TransactionManager
 from aiokafka.record.memory_records import MemoryRecords
@@ -279,6 +279,51 @@ async def test_a_bounded_request_times_out_closes_its_connection_and_calls_the_h
     await asyncio.sleep(0.06)  # then it is tried again
     assert await client._get_conn(1) is made[(1, ConnectionGroup.DEFAULT)]
     assert not compat.bound_requests(SimpleNamespace(), 1.0, lambda: None)  # a different aiokafka
+
+
+async def test_a_broker_that_timed_out_is_skipped_by_every_client_until_it_answers() -> None:
+    answering = {"yes": False}
+    hooks: list[str] = []
+
+    def fake_client(port: int) -> SimpleNamespace:
+        async def send(node_id: int, request: object, *, group: int = 0) -> str:
+            conn = await client._get_conn(node_id, group=group)  # as aiokafka's send does (ready)
+            assert conn is not None, "sent to a skipped broker"
+            if not answering["yes"]:
+                await asyncio.sleep(1)  # a paused broker: no answer
+            return "answer"
+
+        async def get_conn(node_id: int, *, group: int = 0, no_hint: bool = False) -> object:
+            return SimpleNamespace(close=lambda reason=None: None, _request_timeout=40.0)
+
+        broker = SimpleNamespace(host="10.0.0.3", port=port)
+        client = SimpleNamespace(send=send, _get_conn=get_conn, _conns={},
+                                 cluster=SimpleNamespace(broker_metadata=lambda _node_id: broker))
+        assert compat.bound_requests(client, 0.05, lambda: hooks.append("refresh"), skip_s=0.3)
+        return client
+
+    # Two clients of one process (a partition's producer, the consumer) and one of another broker.
+    producer, consumer, elsewhere = fake_client(9092), fake_client(9092), fake_client(9093)
+    with pytest.raises(RequestTimedOutError):
+        # AddPartitionsToTxn: a live coordinator holds it while its acks=all write waits for a
+        # paused follower, so its timeout says nothing about the broker asked.
+        await producer.send(3, SimpleNamespace(API_KEY=24))
+    assert await consumer._get_conn(3) is not None and hooks == ["refresh"]
+    with pytest.raises(RequestTimedOutError):
+        await producer.send(3, SimpleNamespace(API_KEY=3))  # Metadata: a live broker answers at once
+    assert await consumer._get_conn(3) is None  # skipped at once, not after its own timeout
+    assert await elsewhere._get_conn(3) is not None
+    answering["yes"] = True
+    await asyncio.sleep(0.35)  # the skip ends: the next request goes through, and is answered
+    assert await consumer.send(3, SimpleNamespace(API_KEY=1)) == "answer"
+    answering["yes"] = False
+    with pytest.raises(RequestTimedOutError):
+        await consumer.send(3, SimpleNamespace(API_KEY=1))
+    assert await producer._get_conn(3) is None
+    answering["yes"] = True
+    assert await elsewhere.send(3, SimpleNamespace(API_KEY=1)) == "answer"
+    assert await producer._get_conn(3) is None  # another broker's answer changes nothing
+    compat._UNRESPONSIVE.clear()  # the registry is the process's: leave none for other tests
 
 
 async def test_a_coordinator_lookup_that_loses_its_connection_is_retried_not_fatal() -> None:
