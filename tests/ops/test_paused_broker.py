@@ -7,7 +7,8 @@ partition (it has no committed offset) then asked the old leader, got
 refreshing metadata; while that reset was pending no fetch went to the node, so other
 partitions of the worker stalled too (227 s measured). The client factory now refreshes
 metadata every few seconds and whenever an offset lookup fails: the first two tests. The third
-gives up a transaction a paused coordinator holds at its (shortened) deadline.
+gives up a transaction a paused coordinator holds at its (shortened) deadline, on a cluster that
+fences the paused broker late enough for the deadline to come first.
 
 The scenario itself (worker processes under load, a broker paused for 30 s, progress bounded
 and the black-box audit) is the fault matrix's: tests/faults/test_fault_brokers.py.
@@ -49,6 +50,22 @@ async def cluster3(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Lo
         finally:
             for node in cluster.procs:
                 cluster.kill_node(node, signal.SIGCONT)  # never leave a stopped JVM behind
+
+
+@pytest.fixture(scope="module")
+async def slow_fence_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
+    # Kafka fences a silent broker after 60 s here instead of 9 s: a transaction its paused
+    # coordinator holds cannot move to another coordinator while the test runs, so only the
+    # deadline ends it. (With the default, the clients stop asking the paused broker after one
+    # timeout, and a transaction that begins a few seconds into the pause finishes on the
+    # coordinator that took over: nothing is stuck, the deadline is not needed.)
+    async with LocalCluster(data_dir=tmp_path_factory.mktemp("slowfence"), nodes=3,
+                            extra_config={"broker.session.timeout.ms": "60000"}) as cluster:
+        try:
+            yield cluster
+        finally:
+            for node in cluster.procs:
+                cluster.kill_node(node, signal.SIGCONT)
 
 
 async def _leaders(bootstrap: str, topic: str, **options: Any) -> dict[int, int]:
@@ -185,7 +202,7 @@ async def _collect(consumer: Any, want: dict[Any, int], *, timeout: float) -> di
 
 
 async def test_a_transaction_a_paused_broker_holds_is_given_up_at_its_deadline(
-        cluster3: LocalCluster, recording_scheduler: Any) -> None:
+        slow_fence_cluster: LocalCluster, recording_scheduler: Any) -> None:
     """The transaction deadline (streamsched/kafka/txn.py) on a real cluster. The transaction
     coordinator of partition 0's producer is paused (SIGSTOP) for longer than the deadline while
     that partition has work: its transaction cannot commit (aiokafka would wait for its 30 s
@@ -206,22 +223,22 @@ async def test_a_transaction_a_paused_broker_holds_is_given_up_at_its_deadline(
         topic = f"stuck-{uuid.uuid4().hex[:8]}"
         rec = recording_scheduler(topic)
         sched = rec.sched
-        found = await coordinators(cluster3.bootstrap, sched.group, topic, 1)
+        found = await coordinators(slow_fence_cluster.bootstrap, sched.group, topic, 1)
         victim = found.transactions[0]
         if found.group != victim:
             break
     else:
         raise AssertionError("no scheduler name put its group and transaction coordinators apart")
-    admin = clients.admin(cluster3.bootstrap)
+    admin = clients.admin(slow_fence_cluster.bootstrap)
     await admin.start()
     try:
-        live = [n.node_id for n in cluster3.specs if n.node_id != victim]
+        live = [n.node_id for n in slow_fence_cluster.specs if n.node_id != victim]
         # The input lives on the other two nodes only, so this test can produce while it is paused.
         await admin.create_topics([NewTopic(topic, -1, -1, replica_assignments={p: live for p in range(3)})])
     finally:
         await admin.close()
-    await apply(cluster3.bootstrap, [TopicSpec(topic, 3, replication=2)])  # waits until visible
-    reachable = ",".join(n.bootstrap for n in cluster3.specs if n.node_id != victim)
+    await apply(slow_fence_cluster.bootstrap, [TopicSpec(topic, 3, replication=2)])  # waits until visible
+    reachable = ",".join(n.bootstrap for n in slow_fence_cluster.specs if n.node_id != victim)
 
     def events(tag: str) -> list[Any]:
         """Ten events per partition."""
@@ -237,11 +254,11 @@ async def test_a_transaction_a_paused_broker_holds_is_given_up_at_its_deadline(
 
     before, during = events("a"), events("b")
     await produce_events(reachable, topic, before)
-    async with running_worker(sched, cluster3.bootstrap, transaction_deadline_s=5.0,
+    async with running_worker(sched, slow_fence_cluster.bootstrap, transaction_deadline_s=5.0,
                               heartbeat_interval_ms=1000,
                               restart=RestartPolicy(initial_s=0.5, max_s=2.0)) as worker:
-        await wait_drained(cluster3.bootstrap, sched.group, topic, timeout=120)
-        cluster3.kill_node(victim, signal.SIGSTOP)
+        await wait_drained(slow_fence_cluster.bootstrap, sched.group, topic, timeout=120)
+        slow_fence_cluster.kill_node(victim, signal.SIGSTOP)
         try:
             await produce_events(reachable, topic, during)
 
@@ -250,11 +267,11 @@ async def test_a_transaction_a_paused_broker_holds_is_given_up_at_its_deadline(
 
             await wait_for(gave_up, timeout=30, what="a transaction given up at its 5 s deadline")
         finally:
-            cluster3.kill_node(victim, signal.SIGCONT)
-        await wait_drained(cluster3.bootstrap, sched.group, topic, timeout=RECOVERY_S)
+            slow_fence_cluster.kill_node(victim, signal.SIGCONT)
+        await wait_drained(slow_fence_cluster.bootstrap, sched.group, topic, timeout=RECOVERY_S)
     assert set(rec.per_identity()) == rec.identities(before + during)
     # The given-up transaction's effects ran without a stored outcome and may run again; an
     # identity whose outcome was stored must not.
     judged = judge_calls([(c.idempotency_key, c.fence) for c in rec.calls],
-                         await claim_history(cluster3.bootstrap, sched.state_topic))
+                         await claim_history(slow_fence_cluster.bootstrap, sched.state_topic))
     assert judged.after_outcome == {} and judged.unbacked == [], judged
