@@ -327,77 +327,73 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"settings": settings, "load_avg_start": load_avg()}
     cluster_dir = workdir / "cluster"
     async with LocalCluster(data_dir=cluster_dir, nodes=3, extra_config=args.broker_config) as cluster:
+        bootstrap = cluster.bootstrap
+        wf = Workflow("due_runs", f".fo-{uuid.uuid4().hex[:6]}", workdir / "ledger.sqlite3")
+        await apply(bootstrap, [TopicSpec(wf.topic, args.partitions, replication=3)])
+        env = {**wf.env, "STREAMSCHED_CLAIM_DURATION_S": "5"}
+        logs = [workdir / f"worker-{i}.log" for i in range(args.workers)]
+        workers = [WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=logs[i], cwd=ROOT).start()
+                   for i in range(args.workers)]
+        load = Load(bootstrap, wf, args.partitions, args.rate)
+        mon = Monitor(bootstrap, wf, args.partitions)
+        stop = asyncio.Event()
+        load_task = asyncio.create_task(load.run(stop))
+        await mon.start()
+        mon_task = asyncio.create_task(mon.run(stop))
         try:
-            bootstrap = cluster.bootstrap
-            wf = Workflow("due_runs", f".fo-{uuid.uuid4().hex[:6]}", workdir / "ledger.sqlite3")
-            await apply(bootstrap, [TopicSpec(wf.topic, args.partitions, replication=3)])
-            env = {**wf.env, "STREAMSCHED_CLAIM_DURATION_S": "5"}
-            logs = [workdir / f"worker-{i}.log" for i in range(args.workers)]
-            workers = [WorkerProcess(wf.app_ref, bootstrap, env=env, log_path=logs[i], cwd=ROOT).start()
-                       for i in range(args.workers)]
-            load = Load(bootstrap, wf, args.partitions, args.rate)
-            mon = Monitor(bootstrap, wf, args.partitions)
-            stop = asyncio.Event()
-            load_task = asyncio.create_task(load.run(stop))
-            await mon.start()
-            mon_task = asyncio.create_task(mon.run(stop))
-            try:
-                log("warm-up")
-                t_warm = time.time()
-                ok = await wait_until(lambda: len({load.partition_of.get(r) for r, _ in
-                                                   executions_since(wf.ledger, int(t_warm * 1e9))})
-                                      >= args.partitions, 180, "every partition to execute")
-                await asyncio.sleep(args.warmup_s)
-                ok = ok and await wait_until(lambda: (mon.lag_now() or 10**9) <= 2 * args.rate, 120,
-                                             "warm-up lag")
-                if not ok:
-                    raise SystemExit("warm-up failed; worker log tail:\n" + workers[0].log_tail(40))
-                rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in args.scenarios}
-                for i in range(args.rounds):
-                    for kind in args.scenarios:
-                        log(f"round {i + 1}/{args.rounds}: {kind}")
-                        rounds[kind].append(await scenario(kind, cluster, wf, load, mon, args))
-                        dead = [w.pid for w in workers if not w.alive()]
-                        if dead:
-                            raise SystemExit(f"worker(s) {dead} died during {kind}")
-            finally:
-                stop.set()
-                await asyncio.gather(load_task, mon_task, return_exceptions=True)
-                await mon.stop()
-            for kind, runs in rounds.items():
-                for key in ("first_progress_s", "all_partitions_progress_s", "lag_zero_s"):
-                    values = [run[key] for run in runs]
-                    result[f"{kind}_{key}"] = median(values)
-                    result[f"{kind}_{key}_rounds"] = [None if v is None else round(v, 2) for v in values]
-                result[f"{kind}_victims"] = [{k: run[k] for k in ("victim", "victim_leads",
-                                                                  "victim_txn_coordinates")} for run in runs]
-            # Shutdown while the group coordinator is paused, timed (the drain deadline is 10 s).
-            victim = (await roles(cluster.bootstrap, wf, args.partitions))["group_coordinator"]
-            cluster.kill_node(victim, signal.SIGSTOP)
-            try:
-                await asyncio.sleep(3)
-                started = time.monotonic()
-                for w in workers:
-                    w.signal(signal.SIGTERM)
-                shutdown = []
-                for w in workers:
-                    code = await asyncio.to_thread(w.wait, 60)
-                    shutdown.append({"exit": code, "s": round(time.monotonic() - started, 2)})
-            finally:
-                cluster.kill_node(victim, signal.SIGCONT)
-            result["shutdown_paused_broker"] = shutdown
-            result["load_sent"], result["load_failed"] = load.sent, load.failed
-            result["sender_errors"] = count_in_logs(logs, "Unexpected error in sender routine")
-            result["unretrieved_tasks"] = count_in_logs(logs, "exception was never retrieved")
-            result["reenqueue_key_errors"] = count_in_logs(logs, "reenqueue")
-            # The brokers' own wait: a transaction coordinator's markers to a stopped broker stay in
-            # flight for the brokers' request.timeout.ms, and the transaction with them.
-            result["txn_marker_timeouts"] = count_in_logs(
-                sorted((workdir / "cluster").glob("node-*/server.log")),
-                "Cancelled in-flight WRITE_TXN_MARKERS")
+            log("warm-up")
+            t_warm = time.time()
+            ok = await wait_until(lambda: len({load.partition_of.get(r) for r, _ in
+                                               executions_since(wf.ledger, int(t_warm * 1e9))})
+                                  >= args.partitions, 180, "every partition to execute")
+            await asyncio.sleep(args.warmup_s)
+            ok = ok and await wait_until(lambda: (mon.lag_now() or 10**9) <= 2 * args.rate, 120,
+                                         "warm-up lag")
+            if not ok:
+                raise SystemExit("warm-up failed; worker log tail:\n" + workers[0].log_tail(40))
+            rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in args.scenarios}
+            for i in range(args.rounds):
+                for kind in args.scenarios:
+                    log(f"round {i + 1}/{args.rounds}: {kind}")
+                    rounds[kind].append(await scenario(kind, cluster, wf, load, mon, args))
+                    dead = [w.pid for w in workers if not w.alive()]
+                    if dead:
+                        raise SystemExit(f"worker(s) {dead} died during {kind}")
         finally:
-            for node in list(cluster.procs):
-                cluster.kill_node(node, signal.SIGCONT)  # never leave a stopped JVM behind
+            stop.set()
+            await asyncio.gather(load_task, mon_task, return_exceptions=True)
+            await mon.stop()
+        for kind, runs in rounds.items():
+            for key in ("first_progress_s", "all_partitions_progress_s", "lag_zero_s"):
+                values = [run[key] for run in runs]
+                result[f"{kind}_{key}"] = median(values)
+                result[f"{kind}_{key}_rounds"] = [None if v is None else round(v, 2) for v in values]
+            result[f"{kind}_victims"] = [{k: run[k] for k in ("victim", "victim_leads",
+                                                              "victim_txn_coordinates")} for run in runs]
+        # Shutdown while the group coordinator is paused, timed (the drain deadline is 10 s).
+        victim = (await roles(cluster.bootstrap, wf, args.partitions))["group_coordinator"]
+        cluster.kill_node(victim, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(3)
+            started = time.monotonic()
+            for w in workers:
+                w.signal(signal.SIGTERM)
+            shutdown = []
+            for w in workers:
+                code = await asyncio.to_thread(w.wait, 60)
+                shutdown.append({"exit": code, "s": round(time.monotonic() - started, 2)})
+        finally:
+            cluster.kill_node(victim, signal.SIGCONT)
+        result["shutdown_paused_broker"] = shutdown
+        result["load_sent"], result["load_failed"] = load.sent, load.failed
+        result["sender_errors"] = count_in_logs(logs, "Unexpected error in sender routine")
+        result["unretrieved_tasks"] = count_in_logs(logs, "exception was never retrieved")
+        result["reenqueue_key_errors"] = count_in_logs(logs, "reenqueue")
+        # The brokers' own wait: a transaction coordinator's markers to a stopped broker stay in
+        # flight for the brokers' request.timeout.ms, and the transaction with them.
+        result["txn_marker_timeouts"] = count_in_logs(
+            sorted(cluster_dir.glob("node-*/server.log")),
+            "Cancelled in-flight WRITE_TXN_MARKERS")
     result["load_avg_end"] = load_avg()
     return result
 

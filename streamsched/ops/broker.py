@@ -391,7 +391,7 @@ def _pid_file_alive(pid_file: Path) -> bool:
 
 
 def stop_pid_file(pid_file: Path, *, timeout: float = 30.0) -> bool:
-    """SIGTERM the node recorded in ``pid_file``; SIGKILL it past ``timeout``."""
+    """SIGTERM (and SIGCONT) the node recorded in ``pid_file``; SIGKILL it past ``timeout``."""
     if not pid_file.exists():
         return False
     pid = int(pid_file.read_text().strip() or 0)
@@ -399,6 +399,9 @@ def stop_pid_file(pid_file: Path, *, timeout: float = 30.0) -> bool:
         pid_file.unlink(missing_ok=True)
         return False
     os.kill(pid, signal.SIGTERM)
+    # A node a fault left stopped (SIGSTOP) acts on SIGTERM only once continued; a running one
+    # ignores SIGCONT. Without it, a paused node waited out the whole timeout and was killed.
+    os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and _pid_alive(pid):
         time.sleep(0.1)

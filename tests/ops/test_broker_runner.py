@@ -134,3 +134,26 @@ def test_a_node_already_dead_leaves_the_quorum_so_the_last_one_running_stops_qui
     # node-1 stops with node-2 as its quorum; node-2 then runs alone (node-3 was dead all along).
     alone = broker.NO_QUORUM_STOP_S
     assert given == [("node-1", 30.0), ("node-2", alone), ("node-3", alone)]
+
+
+def test_a_stopped_node_is_continued_so_it_shuts_down_on_sigterm(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    # A stand-in for a broker JVM: it exits 0 on SIGTERM (a controlled shutdown).
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+                             "print('up', flush=True)\ntime.sleep(120)"], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        proc.send_signal(signal.SIGSTOP)  # as a fault leaves it
+        pid_file = tmp_path / "pid"
+        pid_file.write_text(str(proc.pid))
+        assert broker.stop_pid_file(pid_file, timeout=60) is True
+        # Exited on SIGTERM, not killed past the timeout: it was continued.
+        assert proc.wait(timeout=10) == 0 and not pid_file.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
