@@ -302,11 +302,6 @@ def fences_not_rising(history: dict[str, list[ClaimState]]) -> list[str]:
     return bad
 
 
-def fences_strictly_increase(history: dict[str, list[ClaimState]]) -> bool:
-    """Every identity holds the fence rule (see :func:`fences_not_rising`)."""
-    return not fences_not_rising(history)
-
-
 async def unresolved_below_commit(bootstrap: str, wf: Workflow) -> list[tuple[int, int]]:
     """(partition, offset) of selected events below the committed offset whose outcome is not
     stored: must always be empty, at any moment, even right after a crash."""
@@ -333,7 +328,6 @@ class Audit:
     identities_with_one_effect: int
     extra_effects: int
     missing: int
-    fences_ok: bool
     all_released: bool
     calls: int = 0
     """Accepted calls of the command for the expected identities (see :class:`Executions`)."""
@@ -346,6 +340,10 @@ class Audit:
     """Identities whose stored success no accepted call under its fence produced."""
     fence_breaks: tuple[str, ...] = ()
     """Identities whose fences do not rise (see :func:`fences_not_rising`)."""
+
+    @property
+    def fences_ok(self) -> bool:
+        return not self.fence_breaks
     missing_ids: tuple[str, ...] = ()
     """The first identities without an effect (at most 10)."""
     extra_ids: tuple[str, ...] = ()
@@ -380,7 +378,6 @@ async def audit(bootstrap: Conn, wf: Workflow, events: list[TransitionEvent]) ->
     released = all(history.get(i) and history[i][-1].status is ClaimStatus.RELEASED
                    and history[i][-1].outcome is not None for i in expected)
     total = sum(seen[i] for i in expected)
-    breaks = fences_not_rising(history)
     return Audit(
         events=len(events), selected=len(selected), unique=len(expected), effects=total,
         duplicates_suppressed=len(selected) - total,
@@ -388,8 +385,7 @@ async def audit(bootstrap: Conn, wf: Workflow, events: list[TransitionEvent]) ->
         extra_effects=sum(max(0, seen[i] - 1) for i in expected) + sum(
             c for i, c in seen.items() if i not in expected),
         missing=sum(1 for i in expected if seen[i] == 0),
-        fences_ok=not breaks,
-        fence_breaks=tuple(breaks),
+        fence_breaks=tuple(fences_not_rising(history)),
         missing_ids=tuple(sorted(i for i in expected if seen[i] == 0)[:10]),
         extra_ids=tuple(sorted([i for i in expected if seen[i] > 1]
                                + [i for i, c in seen.items() if i not in expected and c])[:10]),
