@@ -349,7 +349,7 @@ def _browse(url: str, scene: Scene, shot: Path) -> dict[str, str]:
     the right one; the overview's screenshot into ``shot``. Returns each page's source."""
     import time
 
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.wait import WebDriverWait
 
@@ -378,7 +378,7 @@ def _browse(url: str, scene: Scene, shot: Path) -> dict[str, str]:
         assert browser.find_element(By.CSS_SELECTOR, '[data-kind="terminal"] .count').text == "1"
         # The dead letter links to its identity's page (the digest, never what it is made of).
         browser.find_element(By.CSS_SELECTOR, "a.identity").click()
-        WebDriverWait(browser, 30, ignored_exceptions=[NoSuchElementException]).until(
+        WebDriverWait(browser, 30, ignored_exceptions=[WebDriverException]).until(
             lambda b: b.find_element(By.ID, "outcome").text == "FAILED")
         assert scene.failed_identity in browser.current_url
         look = f"{url}/identity?scheduler={scene.sched.name}&identity={scene.failed_identity}"
@@ -390,8 +390,10 @@ def _browse(url: str, scene: Scene, shot: Path) -> dict[str, str]:
             form.find_element(By.NAME, "token").send_keys(token)
             form.find_element(By.NAME, "reason").send_keys("console test")
             form.find_element(By.TAG_NAME, "button").click()
-            # Until the answer page has loaded (the form's page goes stale meanwhile).
-            WebDriverWait(browser, 30, ignored_exceptions=[StaleElementReferenceException]).until(
+            # Until the answer page has loaded. Meanwhile the form's page goes stale, which
+            # chromedriver reports as a stale element or, caught mid-navigation, as a node that
+            # no longer "belongs to the document" (a plain WebDriverException): both mean "not yet".
+            WebDriverWait(browser, 30, ignored_exceptions=[WebDriverException]).until(
                 lambda b: expect in b.find_element(By.TAG_NAME, "body").text)
 
         redrive("not-the-token-at-all", "a valid console token is needed")
