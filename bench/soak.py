@@ -138,8 +138,9 @@ STORE_MEMORY = re.compile(r'^streamsched_store_memory_bytes\{[^}]*kind="(\w+)"[^
 
 
 def store_memory_mb(port: int) -> dict[str, float] | None:
-    """The worker's RocksDB block cache and memtables (MB), from its /metrics; None if it does
-    not answer (restarting, or paused with a broker)."""
+    """The worker's claim-store memory (MB by kind: RocksDB block cache and memtables, decoded
+    snapshots), from its /metrics; None if it does not answer (restarting, or paused with a
+    broker)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
             text = resp.read().decode()
@@ -507,7 +508,7 @@ class Soak:
                            store_baseline_mb=b.get("store_mb"), store_end_mb=e.get("store_mb"))
                 stores = [sum((x.get("store_mb") or {}).values()) for x in (b, e)]
                 if all(x.get("store_mb") for x in (b, e)):
-                    # What RocksDB's bounded caches filling up explains, and what is left.
+                    # What the stores' bounded caches filling up explains, and what is left.
                     outside = (e["rss_mb"] - stores[1]) / (b["rss_mb"] - stores[0]) - 1
                     row["growth_outside_stores_pct"] = round(outside * 100, 1)
                 if growth > RSS_GROWTH_LIMIT:

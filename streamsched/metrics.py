@@ -169,7 +169,7 @@ _TABLE: Final[tuple[tuple[str, MetricType, tuple[str, ...], str], ...]] = (
     ("store_unwritable", "gauge", _P,
      "1 while a partition's local claim store cannot be written (disk full, read-only); 0 once restored"),
     ("store_memory_bytes", "gauge", ("kind",),
-     "memory of the local claim stores' RocksDB, shared by the process (block_cache, memtables)"),
+     "memory of the local claim stores: RocksDB's shared block_cache and memtables, decoded snapshots"),
     ("registry_waiting", "gauge", _P,
      "1 while a partition waits for the schema registry (unreachable, failing); 0 once it answers"),
     ("state_corrupt_records", "counter", _P, "state records that could not be decoded"),

@@ -126,6 +126,12 @@ class ClaimStore(StateBase):
         self._dirty: dict[bytes, bytes | None] = {}
         self._writing: concurrent.futures.Future[Any] | None = None
         self._db: Any = None
+        env.caches.add(self)
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes the cache of decoded snapshots holds (at most ``env.cache_bytes``)."""
+        return self._cache_size
 
     # --- files -------------------------------------------------------------------------------------
 

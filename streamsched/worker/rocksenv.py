@@ -35,12 +35,18 @@ import fcntl
 import os
 import re
 import shutil
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.changelog import TopicIdentity, describe
+
+
+class _Cached(Protocol):
+    @property
+    def decoded_bytes(self) -> int: ...
 
 
 class StoreEnv:
@@ -61,6 +67,9 @@ class StoreEnv:
         self.unwritable: set[tuple[str, int]] = set()
         """Stores whose last write failed (gauge ``store_unwritable`` at 1) until one restores."""
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="claimstore")
+        self.caches: weakref.WeakSet[_Cached] = weakref.WeakSet()
+        """The stores whose decoded-snapshot caches :meth:`memory` adds up (weak: a store
+        dropped after a revocation leaves the sum with its memory)."""
 
     def options(self, *, bulk: bool = False) -> Any:
         """RocksDB options of one store. ``bulk`` (a cold restore): a vector memtable and no
@@ -93,12 +102,15 @@ class StoreEnv:
         return opt
 
     def memory(self) -> dict[str, int]:
-        """Bytes the shared RocksDB block cache and memtables use now (bounded by
-        ``block_cache_bytes`` and ``memtable_bytes``); empty before the first store opens."""
+        """Bytes the stores hold in memory now, by kind: RocksDB's shared block cache and
+        memtables (bounded by ``block_cache_bytes`` and ``memtable_bytes``) and the decoded
+        snapshots cached in Python (``cache_bytes`` per store, as the cache counts them); empty
+        before the first store opens."""
         if self._shared is None:
             return {}
         cache, wbm = self._shared
-        return {"block_cache": int(cache.get_usage()), "memtables": int(wbm.get_usage())}
+        return {"block_cache": int(cache.get_usage()), "memtables": int(wbm.get_usage()),
+                "decoded": sum(store.decoded_bytes for store in list(self.caches))}
 
     def path(self, topic: str, partition: int) -> Path:
         return self.directory / topic / str(partition)

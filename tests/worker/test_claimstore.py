@@ -22,7 +22,7 @@ from streamsched.kafka.changelog import Bounds, TopicIdentity
 from streamsched.kafka.progress import Progress
 from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
 from streamsched.wire.claim import encode_claim, resolved_at
-from streamsched.worker.claimstore import ClaimStore
+from streamsched.worker.claimstore import ENTRY_OVERHEAD, ClaimStore
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.statebase import FLOOR_IDENTITY, HORIZON_DEFAULT_S, StateBase, check_horizon
 from streamsched.worker.store import PartitionState
@@ -439,7 +439,7 @@ async def test_private_copies_a_killed_process_left_are_removed_and_live_ones_ke
     assert not live.path.exists()
 
 
-async def test_the_shared_rocksdb_memory_is_reported_and_bounded(env: StoreEnv) -> None:
+async def test_the_stores_memory_is_reported_and_bounded(env: StoreEnv) -> None:
     assert env.memory() == {}  # nothing opened: nothing to report
     records = [rec(resolved(f"sched_{i:05d}", 1, NOW)) for i in range(2_000)]
     store = await restored(env, records)
@@ -447,8 +447,12 @@ async def test_the_shared_rocksdb_memory_is_reported_and_bounded(env: StoreEnv) 
         for i in range(0, 2_000, 7):
             assert store.get(f"sched_{i:05d}").fence == 1
         used = env.memory()
-        assert set(used) == {"block_cache", "memtables"}
+        assert set(used) == {"block_cache", "memtables", "decoded"}
         assert 0 <= used["block_cache"] <= env.block_cache_bytes
         assert 0 < used["memtables"] <= env.memtable_bytes  # the restored snapshots are in a memtable
+        # The lookups above decoded 286 snapshots, more than the 64 KB cache holds: it is full,
+        # to within one entry, and no fuller.
+        assert used["decoded"] == store.decoded_bytes
+        assert env.cache_bytes - 2 * ENTRY_OVERHEAD < used["decoded"] <= env.cache_bytes
     finally:
         store.close()
