@@ -161,6 +161,7 @@ _TABLE: Final[tuple[tuple[str, MetricType, tuple[str, ...], str], ...]] = (
     # Partition owners, transactions and restores (worker and ticker)
     ("errors", "counter", _K, "errors by kind (the latest one is in /status as type and kind)"),
     ("fenced", "counter", (), "times a producer was fenced by a newer owner"),
+    ("fences_unconfirmed", "counter", (), "fenced owners restarted because no revoke followed the fence"),
     ("stuck_transactions", "counter", (), "transactions given up at their deadline (the owner restarts)"),
     ("partition_restarts", "counter", (), "partition owner restarts"),
     ("partitions", "gauge", (), "partitions owned"),

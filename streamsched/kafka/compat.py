@@ -148,7 +148,10 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
       spend a whole timeout on the stopped broker for each role it has there (partition leader,
       transaction coordinator, group coordinator), one after the other. Requests to it fail at
       once and are retried after their backoff (the Java client's reconnect backoff does the
-      same)."""
+      same);
+    * a broker the client's current metadata no longer lists (fenced by the controller, e.g.
+      cut off from the other brokers) gets no request, also on connections opened before: they
+      are closed, and a coordinator there is looked up again among the brokers listed."""
     from aiokafka.client import ConnectionGroup
     from aiokafka.conn import CloseReason
     from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
@@ -172,9 +175,25 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
         _UNRESPONSIVE[broker(node_id)] = now + skip
         on_timeout()  # as aiokafka does when a connection fails: its metadata may be stale
 
+    def departed(node_id: Any) -> bool:
+        # A broker id the current metadata no longer lists (fenced, or gone) while it lists
+        # others. aiokafka refuses new connections to it but keeps using open ones, so a broker
+        # cut off from the cluster and still reachable from here stays the coordinator of
+        # whoever found it there: it answers with its stale view (a live producer refused as
+        # fenced, a transaction that cannot complete) until the network heals.
+        brokers = getattr(getattr(client, "cluster", None), "brokers", None)
+        if not isinstance(node_id, int) or not callable(brokers):
+            return False
+        listed = {b.nodeId for b in brokers()}
+        return any(isinstance(n, int) for n in listed) and node_id not in listed
+
     async def get_conn(node_id: Any, *, group: Any = default, no_hint: bool = False) -> Any:
         if _UNRESPONSIVE.get(broker(node_id), 0.0) > time.monotonic():
             return None
+        if departed(node_id):
+            for key in [k for k in conns if k[0] == node_id]:
+                conns.pop(key).close(reason=CloseReason.CONNECTION_BROKEN)
+            return None  # the caller's NodeNotReady makes it look the coordinator up again
         # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
         # arrives as the call completes, and a consumer's stop() then waits for its fetch task
         # forever.

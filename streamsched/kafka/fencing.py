@@ -7,7 +7,8 @@ attribute is skipped, never raised):
 * fencing shows up as ``ProducerFenced``, or wrapped by a caller's error, or only in the
   transaction manager's state (a later call on a fenced producer fails with an unrelated
   ``AssertionError``): :func:`is_fenced` and :func:`producer_fenced` look at all three, because
-  a fenced owner must never be restarted (it would fence the real owner back);
+  a fenced owner must not be restarted while the group may still move its partition (it
+  would fence the real owner back);
 * a fenced producer fails every pending future at once and nobody awaits most of them, so
   asyncio would log ``Future exception was never retrieved ... ProducerFenced`` tracebacks at
   garbage collection (defect 4m): :func:`settle_sends` and :func:`settle_producer_futures`

@@ -33,9 +33,15 @@ partition is *given up*: left paused, ``given_up`` and not ``ready``, and export
 ``partition_given_up{partition}`` so status and readiness show it. A revoke forgets it; the next
 owner starts fresh.
 
-A fenced owner is never restarted: being fenced means another member holds the partition (or
-will, after the rebalance that follows), and restarting would fence it back. It stays in the map,
-not ready, until the revoke that removes it.
+A fenced owner is not restarted while the group may still move its partition: being fenced
+means another member holds the partition (or will, after the rebalance that follows), and
+restarting would fence it back. It stays in the map, not ready, until the revoke that removes it,
+or for ``RestartPolicy.fenced_wait_s`` at most: a fence the group never confirms is restarted
+like a crash. Such fences happen. A broker cut off from the rest of the cluster (alive and
+reachable from the workers) keeps acting on its last view: while it still sees itself as the
+group coordinator, it rejects the new owner's transactional offset commit as coming from an
+old producer epoch. Seen in the fault suite: the partition then stopped for good while its
+member kept it.
 
 Why one module above ~400 lines: the lock discipline above only holds if every mutation of
 the owners map is visible in one place; splitting owner and supervisor would hide it.
@@ -154,7 +160,7 @@ async def _nothing_async() -> None:
 
 @dataclass(frozen=True, slots=True)
 class RestartPolicy:
-    """How a failed (not fenced) owner is restarted."""
+    """How a failed owner is restarted (a fenced one only once no revoke confirmed the fence)."""
 
     initial_s: float = 0.5
     max_s: float = 30.0
@@ -166,6 +172,9 @@ class RestartPolicy:
     is full) never gives up: the partition restarts every ``max_s`` until the fault is gone."""
     healthy_s: float = 60.0
     """An owner that was ready this long before failing starts the failure count afresh."""
+    fenced_wait_s: float = 30.0
+    """How long a fenced owner waits for the revoke that confirms its fence (a rebalance takes
+    about a session timeout) before it is restarted as a failure."""
 
     def delay_s(self, failures: int) -> float:
         return float(min(self.max_s, self.initial_s * 2 ** max(0, failures - 1)))
@@ -226,6 +235,8 @@ class PartitionOwner(Generic[T]):
         self.ready_at: float | None = None
         self.stopping = False
         self.failed: BaseException | None = None
+        self.fenced_at: float | None = None
+        """When it was fenced (monotonic)."""
         self.task = asyncio.get_running_loop().create_task(self._main(),
                                                            name=f"owner-{spec.name}-{partition}")
 
@@ -243,6 +254,11 @@ class PartitionOwner(Generic[T]):
         """Ended with a failure that a restart may cure (not fenced, not asked to stop)."""
         return self.task.done() and self.failed is not None and not self.fenced
 
+    def restartable(self, now: float, fenced_wait_s: float) -> bool:
+        """Crashed, or fenced ``fenced_wait_s`` ago and still here (no revoke confirmed it)."""
+        return self.crashed or (self.task.done() and self.fenced_at is not None
+                                and now - self.fenced_at >= fenced_wait_s)
+
     async def _main(self) -> None:
         try:
             self.producer = self.spec.producer(self.partition)
@@ -259,6 +275,7 @@ class PartitionOwner(Generic[T]):
         except Exception as exc:
             if is_fenced(exc) or producer_fenced(self.producer):
                 self.failed = FencedOut(self.spec.name, self.partition)
+                self.fenced_at = time.monotonic()
                 self.metrics.inc("fenced")
                 log.warning("fenced out of %s[%d]", self.spec.name, self.partition)
             else:
@@ -401,13 +418,18 @@ class Owners(Generic[T]):
         at once without taking the lock.
         """
         now = time.monotonic()
-        if not any(o.crashed for o in self._owners.values()) and not any(
+        wait = self.spec.policy.fenced_wait_s
+        if not any(o.restartable(now, wait) for o in self._owners.values()) and not any(
                 t <= now for t in self._retry_at.values()):
             return
         async with self._lock:
             for p, owner in list(self._owners.items()):
-                if not owner.crashed or self._owners.get(p) is not owner:
+                if not owner.restartable(time.monotonic(), wait) or self._owners.get(p) is not owner:
                     continue
+                if owner.fenced:
+                    self.metrics.inc("fences_unconfirmed")
+                    log.warning("fenced out of %s[%d] %.0fs ago and still assigned: restarting its owner",
+                                self.spec.name, p, wait)
                 del self._owners[p]
                 self.on_stop(p)
                 await owner.stop(1.0)  # its producer too: never two live producers for p

@@ -326,6 +326,46 @@ async def test_a_broker_that_timed_out_is_skipped_by_every_client_until_it_answe
     compat._UNRESPONSIVE.clear()  # the registry is the process's: leave none for other tests
 
 
+async def test_a_broker_the_metadata_no_longer_lists_gets_no_request_even_on_an_open_connection() -> None:
+    """A broker cut off from the others is fenced by the controller and leaves the metadata the
+    rest of the cluster serves, but stays reachable: requests on connections opened before would
+    reach its stale coordinators. Uses aiokafka's own ClusterMetadata."""
+    from aiokafka.client import ConnectionGroup
+    from aiokafka.cluster import ClusterMetadata
+    from aiokafka.protocol.metadata import MetadataResponse_v0
+
+    closed: list[tuple[int, object]] = []
+
+    def conn(node_id: int) -> SimpleNamespace:
+        return SimpleNamespace(close=lambda reason=None: closed.append((node_id, reason)),
+                               _request_timeout=1.0)
+
+    groups = (ConnectionGroup.DEFAULT, ConnectionGroup.COORDINATION)
+    made = {(n, g): conn(n) for n in (1, 2, 3) for g in groups}
+
+    async def get_conn(node_id: Any, *, group: int = ConnectionGroup.DEFAULT, no_hint: bool = False) -> Any:
+        return made.get((node_id, group))
+
+    async def send(node_id: int, request: object, *, group: int = ConnectionGroup.DEFAULT) -> str:
+        return "answer"
+
+    cluster = ClusterMetadata(bootstrap_servers="10.0.0.1:9092,10.0.0.2:9092,10.0.0.3:9092")
+    client = SimpleNamespace(send=send, _get_conn=get_conn, _conns=made, cluster=cluster)
+    assert compat.bound_requests(client, 1.0, lambda: None)
+    # Bootstrapping: no broker ids known yet, nothing is departed.
+    assert await client._get_conn("bootstrap-0") is None and await client._get_conn(3) is made[(3, 0)]
+    cluster.update_metadata(MetadataResponse_v0(
+        brokers=[(1, "10.0.0.1", 9092), (2, "10.0.0.2", 9092), (3, "10.0.0.3", 9092)], topics=[]))
+    assert await client._get_conn(3, group=ConnectionGroup.COORDINATION) is made[(3, 1)]
+    # Broker 3 is fenced: the metadata lists 1 and 2 only. Its open connections, coordinator
+    # ones included, are closed and it gets nothing; the others are untouched.
+    cluster.update_metadata(MetadataResponse_v0(brokers=[(1, "10.0.0.1", 9092), (2, "10.0.0.2", 9092)],
+                                                topics=[]))
+    assert await client._get_conn(3, group=ConnectionGroup.COORDINATION) is None
+    assert sorted(n for n, _ in closed) == [3, 3] and (3, 0) not in made and (3, 1) not in made
+    assert await client._get_conn(1) is made[(1, 0)] and await client._get_conn(2, group=1) is made[(2, 1)]
+
+
 async def test_a_coordinator_lookup_that_loses_its_connection_is_retried_not_fatal() -> None:
     from aiokafka.client import CoordinationType
     from aiokafka.errors import KafkaConnectionError

@@ -238,9 +238,9 @@ async def test_gives_up_after_consecutive_failures_until_revoked() -> None:
     await owners.close()
 
 
-async def test_fenced_owner_is_never_restarted() -> None:
+async def test_fenced_owner_waits_for_the_revoke() -> None:
     world = World()
-    owners, metrics = make(world)
+    owners, metrics = make(world)  # fenced_wait_s: the default 30 s, far beyond this test
     await owners.assign([0])
     await until(lambda: owners.ready, "ready")
     world.fail_run[0] = ProducerFenced
@@ -253,6 +253,36 @@ async def test_fenced_owner_is_never_restarted() -> None:
     assert metrics.snapshot()["counters"]["fenced"] == 1
     await owners.revoke([0])
     assert world.live_count(0) == 0
+
+
+async def test_a_fence_no_revoke_confirms_restarts_the_owner() -> None:
+    """A broker cut off from the cluster can refuse a live owner as fenced; if the group never
+    moves the partition, the owner starts again after ``fenced_wait_s``, not never."""
+    world = World()
+    owners, metrics = make(world, RestartPolicy(initial_s=0.05, max_s=0.2, give_up_after=4,
+                                                fenced_wait_s=0.3))
+    await owners.assign([0])
+    await until(lambda: owners.ready, "ready")
+    world.fail_run[0] = ProducerFenced
+    first = owners.get(0)
+    await until(lambda: first is not None and first.task.done(), "fenced")
+    assert first is not None and first.fenced
+    world.fail_run.pop(0)
+    await owners.supervise()
+    assert owners.get(0) is first  # within the wait: the revoke may still come
+
+    async def supervised() -> bool:
+        await owners.supervise()
+        return owners.ready and owners.get(0) is not first
+
+    deadline = asyncio.get_running_loop().time() + 5
+    while not await supervised():
+        assert asyncio.get_running_loop().time() < deadline, "the fenced owner was not restarted"
+        await asyncio.sleep(0.02)
+    assert world.started[0] == 2 and world.live_count(0) == 1
+    counters = metrics.snapshot()["counters"]
+    assert counters["fenced"] == 1 and counters["fences_unconfirmed"] == 1
+    await owners.close()
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -74,7 +74,7 @@ async def test_fenced_owner_logs_one_line_and_no_unretrieved_futures(
     first = old.get(0)
     assert first is not None and first.fenced and not first.crashed and not old.ready and new.ready
     await old.supervise()
-    assert old.get(0) is first  # a fenced owner is never restarted: it would fence back
+    assert old.get(0) is first  # a fenced owner waits for its revoke: a restart would fence back
     await old.close()
     await new.close()
     assert old.producers_live == new.producers_live == 0
