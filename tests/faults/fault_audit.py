@@ -27,10 +27,12 @@ EXPECTED_ERRORS = re.compile("|".join([
     r"|Unable to update metadata from|Unable to request metadata from)",
     # ...and a request to it (a fetch, a heartbeat, a coordinator lookup) that the client's
     # request bound ended (kafka/compat.bound_requests) or that it did not send because the node
-    # was just skipped as unresponsive:
+    # was just skipped as unresponsive, or because the metadata no longer lists it (a broker cut
+    # off from the others is fenced, and its coordinators are looked up again elsewhere):
     r"ERROR aiokafka(\.\S+)? (Failed fetch messages from \d+: (\[Error 7\] RequestTimedOutError"
-    r"|NodeNotReadyError)|Error sending HeartbeatRequest to node \d+ \[\[Error 7\] RequestTimedOutError\]"
-    r"|Heartbeat send request failed: \[Error 7\] RequestTimedOutError"
+    r"|NodeNotReadyError)|Error sending HeartbeatRequest to node \d+ \[(\[Error 7\] RequestTimedOutError\]"
+    r"|NodeNotReadyError: )"
+    r"|Heartbeat send request failed: (\[Error 7\] RequestTimedOutError|NodeNotReadyError: )"
     r"|Group Coordinator Request failed: (NodeNotReadyError|\[Error 7\] RequestTimedOutError))",
 ]))
 """ERROR lines a network fault explains. Nothing else may log at ERROR or CRITICAL, and no
@@ -41,15 +43,12 @@ BROKER_DOWN_ERRORS = re.compile("|".join([
     r"ERROR aiokafka Unable connect to \"[\d.]+:\d+\": \[Errno 111\] Connect call failed",
     r"ERROR aiokafka(\.\S+)? (Failed fetch messages from \d+: |Error sending HeartbeatRequest to node \d+ \["
     r"|Heartbeat send request failed: )KafkaConnectionError: Connection at [\d.]+:\d+ closed",
-    r"ERROR aiokafka(\.\S+)? (Error sending HeartbeatRequest to node \d+ \[|Heartbeat send request failed: )"
-    r"NodeNotReadyError: Attempt to send a request to node which is not ready",
 ]))
 """What a killed broker adds to :data:`EXPECTED_ERRORS`: its address refuses connections (aiokafka
 logs each bootstrap attempt to it by address; as ``node with id N`` once it knows the node,
-already expected), the connections it had open close under a fetch or a heartbeat, and a
-heartbeat to it, the group's coordinator, is not sent while the node is skipped as unreachable.
-Only the broker scenarios allow these: a network cut drops packets, it neither refuses nor
-closes, and a heartbeat to a node cut off times out instead (expected above)."""
+already expected), and the connections it had open close under a fetch or a heartbeat. Only
+the broker scenarios allow these: a network cut drops packets, it neither refuses nor closes,
+and a heartbeat to a node cut off times out instead (expected above)."""
 BAD_LOG = ("was never retrieved", "Task was destroyed but it is pending")
 
 
