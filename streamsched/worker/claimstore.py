@@ -17,9 +17,12 @@ the topic's ``delete.retention.ms`` less a margin. That last rule is what makes 
 an earlier owner generation safe: everything any later owner committed is in the changelog's
 tail and replayed, except tombstones, which compaction may purge once ``delete.retention.ms``
 has passed; a store older than that could resurrect a tombstoned identity, so it is wiped. Any
-other case (no store, a store of another cluster or topic incarnation, C past the end: a store
-never trusted past what the changelog confirms) wipes it and restores cold, from the low
-watermark, in pages. A store another process holds open (its RocksDB lock) is never waited for:
+other case (no store, a store of another cluster or topic incarnation) wipes it and restores
+cold, from the low watermark, in pages. C past the end of this very incarnation is not a reason
+to restore: Kafka does not take committed records back, so the end was read from a stale leader
+(a broker cut off from the cluster serving its old log), and a restore to it would forget the
+outcomes past it. The restore fails with ``ChangelogBehind`` and the owner reads again after its
+restart. A store another process holds open (its RocksDB lock) is never waited for:
 this owner restores cold into a private directory, removed when it closes.
 
 **Checkpoints while running.** The owner is the partition's only writer, so after a restore to
@@ -220,6 +223,16 @@ class ClaimStore(StateBase):
         if now_ms - at_ms > ident.delete_retention_ms - margin:
             return "a store older than the topic's delete.retention.ms (tombstones may be gone)"
         return None
+
+    def ahead_of(self, ident: TopicIdentity, bounds: Bounds) -> int | None:
+        """This store's checkpoint if it is past ``bounds.end`` although the store is of this
+        cluster's current incarnation of the topic (see :class:`ChangelogBehind`), else None."""
+        head, cp = self.header(), self.read_checkpoint()
+        if head is None or cp is None or ident.topic_id is None or ident.cluster_id is None:
+            return None
+        same = [head.get(k) for k in ("format", "topic", "partition", "cluster_id", "topic_id")] == [
+            FORMAT, self.topic, self.partition, ident.cluster_id, ident.topic_id]
+        return cp[0] if same and cp[0] > bounds.end else None
 
     def wipe(self, ident: TopicIdentity) -> None:
         """Delete everything and start a store for this topic incarnation (offset 0), open for a

@@ -25,7 +25,7 @@ import logging
 import time
 from typing import Any
 
-from streamsched.errors import DecodeError
+from streamsched.errors import ChangelogBehind, DecodeError
 from streamsched.kafka import clients
 from streamsched.kafka.changelog import PartitionReader
 from streamsched.kafka.progress import Progress
@@ -184,6 +184,9 @@ async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: i
             reason: str | None = "no local store"
             if await store.in_thread(store.open_existing):
                 reason = store.distrust(ident, bounds, int(time.time() * 1000))
+                ahead = store.ahead_of(ident, bounds)
+                if ahead is not None:
+                    raise ChangelogBehind(topic, partition, ahead, bounds.end)
             checkpoint = store.read_checkpoint() if reason is None else None
             if reason is None and checkpoint is not None:
                 kind, start = "warm", checkpoint[0]

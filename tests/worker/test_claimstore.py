@@ -193,6 +193,10 @@ async def test_a_store_is_distrusted_unless_the_changelog_confirms_it(env: Store
     assert store.distrust(IDENT, Bounds(0, 4), now_ms) is None
     assert store.distrust(IDENT, Bounds(0, 9), now_ms) is None  # a tail to read
     assert "ahead of the changelog" in str(store.distrust(IDENT, Bounds(0, 3), now_ms))
+    # Ahead of this very topic's end: a stale read (the restore refuses it), never a cold restore.
+    assert store.ahead_of(IDENT, Bounds(0, 3)) == 4 and store.ahead_of(IDENT, Bounds(0, 4)) is None
+    assert store.ahead_of(TopicIdentity(IDENT.cluster_id, "99999999-2222-3333-4444-555555555555"),
+                          Bounds(0, 3)) is None  # another incarnation: restored cold instead
     assert "start" in str(store.distrust(IDENT, Bounds(5, 9), now_ms))
     other_topic = TopicIdentity(IDENT.cluster_id, "99999999-2222-3333-4444-555555555555")
     assert "incarnation" in str(store.distrust(other_topic, Bounds(0, 4), now_ms))
