@@ -161,17 +161,18 @@ class TransactionStuck(StreamschedError):
 
 
 class ChangelogBehind(StreamschedError):
-    """The state topic's end, as read for a restore, is behind what this worker already stored
-    from it (same cluster, same topic incarnation). Kafka never takes committed records back
-    (unclean leader election aside), so the read came from a stale leader: a broker cut off from
-    the cluster that still serves its old log. Restoring to that end would forget outcomes and
-    run their commands again; the owner restarts instead, and reads again with fresh metadata."""
+    """The state topic's end, as read for a restore, is behind an offset this worker knows was
+    committed (its read barrier's, or its own store's checkpoint of the same topic incarnation).
+    Kafka never takes committed records back (unclean leader election aside), so the read came
+    from a stale leader: a broker cut off from the cluster that still serves its old log.
+    Restoring to that end would forget outcomes and run their commands again; the owner restarts
+    instead, and reads again with fresh metadata."""
 
     kind = "changelog_behind"
 
-    def __init__(self, topic: str, partition: int, checkpoint: int, end: int) -> None:
-        super().__init__(f"the end of {topic}[{partition}] read for a restore ({end}) is behind this "
-                         f"worker's store of it ({checkpoint}): a stale leader; restarting to read again")
+    def __init__(self, topic: str, partition: int, known: int, end: int) -> None:
+        super().__init__(f"the end of {topic}[{partition}] read for a restore ({end}) is behind offset "
+                         f"{known}, known to be committed: a stale leader; restarting to read again")
         self.topic = topic
         self.partition = partition
 

@@ -140,6 +140,11 @@ def page_size() -> int:
     return max(PAGE_RECORDS_MIN, min(PAGE_RECORDS_MAX, threshold // 3))
 
 
+MIN_END_WAIT_S = 10.0
+"""How long :meth:`PartitionReader.bounds` waits for a committed barrier's markers (they take
+milliseconds on a healthy cluster; a stale leader never shows them)."""
+
+
 class PartitionReader:
     """One restore consumer on one partition: its bounds, then pages of records to the end."""
 
@@ -164,9 +169,18 @@ class PartitionReader:
         if self._started:
             await self._consumer.stop()
 
-    async def bounds(self) -> Bounds:
+    async def bounds(self, *, min_end: int = 0, wait_s: float | None = None) -> Bounds:
+        """The partition's first and end offsets (read_committed: the end is the last stable
+        offset). With ``min_end`` (a read barrier's) the end is asked again, every 50 ms for up
+        to ``wait_s`` (default :data:`MIN_END_WAIT_S`), until it reaches it: a commit returns
+        before the transaction's markers are written, and the stable offset moves only then.
+        The last answer is returned either way; the caller judges an end short of ``min_end``."""
         begin = (await self._consumer.beginning_offsets([self.tp]))[self.tp]
         end = (await self._consumer.end_offsets([self.tp]))[self.tp]
+        give_up = time.monotonic() + (MIN_END_WAIT_S if wait_s is None else wait_s)
+        while end < min_end and time.monotonic() < give_up:
+            await asyncio.sleep(0.05)
+            end = (await self._consumer.end_offsets([self.tp]))[self.tp]
         return Bounds(int(begin), int(end))
 
     async def pages(self, start: int, end: int, *,

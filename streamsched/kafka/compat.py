@@ -326,6 +326,12 @@ def after_sender_ends(producer: object, callback: Callable[[], object]) -> bool:
     return True
 
 
+def sender_task(producer: object) -> asyncio.Task[Any] | None:
+    """A started producer's sender task (None if aiokafka's sender differs)."""
+    task = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    return task if isinstance(task, asyncio.Task) else None
+
+
 def position_now(consumer: object, tp: object) -> int | None:
     """``tp``'s position if ``consumer`` knows it now, else None; never waits.
 

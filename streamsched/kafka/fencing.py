@@ -20,6 +20,7 @@ attribute is skipped, never raised):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from streamsched.errors import FencedOut
@@ -132,3 +133,44 @@ def settle_sends(producer: Producer) -> None:
             return fut
 
         txn.add_offsets_to_txn = settled_offsets
+
+
+LINGER_S = 90.0
+"""How long a producer whose stop was cut short may wait to be fenced before its sender is
+cancelled: past the owners' transaction timeout (60 s) the broker has aborted what it held."""
+_LINGERING: set[Any] = set()
+"""Producers :func:`linger` keeps (and the tasks closing them) until they are closed."""
+
+
+def linger(producer: Producer, *, linger_s: float = LINGER_S) -> None:
+    """Keep ``producer``, whose ``stop`` was cut short, until its sender task ends, then close
+    its connections.
+
+    The sender of a producer given up mid-transaction lives on until the next owner's producer
+    fences it (see :func:`settle_sends`). Once its owner lets go of the producer nothing else
+    refers to that task, and the garbage collector destroys it while pending ("Task was
+    destroyed but it is pending", seen in tests/faults' broker cut after a rebalance). After
+    ``linger_s`` the sender is cancelled (nobody may ever take the partition over)."""
+    task = compat.sender_task(producer)
+    if task is None or task.done():
+        return
+    loop = asyncio.get_running_loop()
+    _LINGERING.add(producer)
+    timer = loop.call_later(linger_s, task.cancel)
+
+    async def close() -> None:
+        client = compat.client_of(producer)
+        try:
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.close(), 5.0)
+        finally:
+            _LINGERING.discard(producer)
+
+    def ended(_task: asyncio.Task[Any]) -> None:
+        timer.cancel()
+        closing = loop.create_task(close())
+        _LINGERING.add(closing)
+        closing.add_done_callback(_LINGERING.discard)
+
+    task.add_done_callback(ended)

@@ -63,6 +63,7 @@ from streamsched.errors import FencedOut, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.fencing import (
     is_fenced,
+    linger,
     producer_fenced,
     retrieve,
     settle_producer_futures,
@@ -305,8 +306,12 @@ class PartitionOwner(Generic[T]):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.body.close(), release_s)
         if self.producer is not None:
+            stopped = False
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.producer.stop(), max(0.1, release_end - time.monotonic()))
+                stopped = True
+            if not stopped:
+                linger(self.producer)  # its sender waits to be fenced: kept, then closed
             self.on_producer(-1)
             leftover = settle_producer_futures(self.producer)
             if leftover is not None and not is_fenced(leftover):

@@ -66,3 +66,29 @@ async def transaction(producer: TransactionalProducer, body: Callable[[], Awaita
         if metrics is not None:
             metrics.inc("stuck_transactions")
         raise TransactionStuck(f"{what} did not commit within {deadline_s:.0f}s") from exc
+
+
+BARRIER_KEY = b"~read-barrier"
+"""Key of the tombstone :func:`read_barrier` writes (business identities are ``sched_<hex>``):
+every reader of a state topic takes it for the deletion of an identity that never existed."""
+
+
+async def read_barrier(producer: TransactionalProducer, topic: str, partition: int, *,
+                       deadline_s: float = TXN_DEADLINE_S, metrics: Metrics | None = None) -> int:
+    """Commit one tombstone (:data:`BARRIER_KEY`) to ``topic[partition]`` and return the offset
+    just past it: an end that a read of the partition must reach to be current.
+
+    Why: a broker cut off from the rest of the cluster keeps serving its old log as if it still
+    led the partition, and a client that found the cluster through it (bootstrap addresses are
+    tried in random order) reads that log's end, which misses what the real leader took since.
+    Only the real leader can acknowledge an ``acks=all`` write, so the barrier's offset is a
+    lower bound of the real end; a read that ends before it came from a stale leader."""
+    sent: list[int] = []
+
+    async def body() -> None:
+        record = await producer.send_and_wait(topic, None, key=BARRIER_KEY, partition=partition)
+        sent.append(record.offset)
+
+    await transaction(producer, body, deadline_s=deadline_s, metrics=metrics,
+                      what=f"the read barrier of {topic}[{partition}]")
+    return sent[0] + 1

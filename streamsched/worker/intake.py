@@ -37,7 +37,7 @@ from streamsched.kafka.member import GroupMember, Membership
 from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
 from streamsched.kafka.registry import SchemaCache, client_for
-from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S
+from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S, read_barrier
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_id
 from streamsched.wire.delay import due_ns
@@ -198,9 +198,13 @@ class Worker:
 
     async def _restore(self, owner: PartitionOwner[PartitionRunner]) -> Body[PartitionRunner]:
         p = owner.partition
-        # After the producer fenced every earlier owner: the state partition's end is final.
+        # After the producer fenced every earlier owner: the state partition's end is final. The
+        # barrier is the end as the partition's real leader has it; the restore must reach it.
+        barrier = await read_barrier(owner.producer, self.scheduler.state_topic, p,
+                                     deadline_s=self.config.transaction_deadline_s, metrics=self.metrics)
         state = await open_state(self.config.bootstrap, self.scheduler.state_topic, p, env=self.stores,
-                                 horizon_s=self.config.outcome_horizon_s, metrics=self.metrics)
+                                 horizon_s=self.config.outcome_horizon_s, metrics=self.metrics,
+                                 min_end=barrier)
         try:
             return await self._resume(owner, state)
         except BaseException:

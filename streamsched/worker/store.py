@@ -143,14 +143,18 @@ def export_corrupt(state: StateBase, metrics: Metrics) -> int:
 
 
 async def restore(conn: clients.Conn, topic: str, partition: int, *, horizon_s: float = HORIZON_DEFAULT_S,
-                  metrics: Metrics | None = None, timeout_s: float = 60.0) -> PartitionState:
+                  metrics: Metrics | None = None, timeout_s: float = 60.0,
+                  min_end: int = 0) -> PartitionState:
     """Read ``topic[partition]`` to its end, a page at a time, into a :class:`PartitionState`
-    (``timeout_s``: the longest the read may stall without progress)."""
+    (``timeout_s``: the longest the read may stall without progress). An end before ``min_end``
+    (a read barrier's, :func:`streamsched.kafka.txn.read_barrier`) raises :class:`ChangelogBehind`."""
     from streamsched.kafka.changelog import PartitionReader
 
     state = PartitionState(partition, horizon_s=horizon_s)
     async with PartitionReader(conn, topic, partition, stall_s=timeout_s) as reader:
-        bounds = await reader.bounds()
+        bounds = await reader.bounds(min_end=min_end)
+        if bounds.end < min_end:
+            raise ChangelogBehind(topic, partition, min_end, bounds.end)
         progress = Progress(metrics, topic, partition, bounds.begin, bounds.end, "memory")
         async for records, position in reader.pages(bounds.begin, bounds.end):
             for rec in records:
@@ -162,25 +166,31 @@ async def restore(conn: clients.Conn, topic: str, partition: int, *, horizon_s: 
 
 async def open_state(conn: clients.Conn, topic: str, partition: int, *, env: Any = None,
                      horizon_s: float = HORIZON_DEFAULT_S, metrics: Metrics | None = None,
-                     stall_s: float = 60.0) -> StateBase:
+                     stall_s: float = 60.0, min_end: int = 0) -> StateBase:
     """The caught-up state of ``topic[partition]``: on disk under ``env`` (a
-    :class:`~streamsched.worker.rocksenv.StoreEnv`), else in memory."""
+    :class:`~streamsched.worker.rocksenv.StoreEnv`), else in memory; ``min_end`` as in
+    :func:`restore`."""
     if env is None:
-        return await restore(conn, topic, partition, horizon_s=horizon_s, metrics=metrics, timeout_s=stall_s)
+        return await restore(conn, topic, partition, horizon_s=horizon_s, metrics=metrics, timeout_s=stall_s,
+                             min_end=min_end)
     return await open_store(env, conn, topic, partition, horizon_s=horizon_s, metrics=metrics,
-                            stall_s=stall_s)
+                            stall_s=stall_s, min_end=min_end)
 
 
 async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: int, *,
                      horizon_s: float = HORIZON_DEFAULT_S, metrics: Metrics | None = None,
-                     stall_s: float = 60.0) -> ClaimStore:
+                     stall_s: float = 60.0, min_end: int = 0) -> ClaimStore:
     """The store of ``topic[partition]`` caught up to the partition's end (read_committed): warm
-    from its checkpoint if it is trusted, else wiped and restored cold (module docs)."""
+    from its checkpoint if it is trusted, else wiped and restored cold (module docs). An end
+    before ``min_end``, or before the store's own checkpoint, is a stale leader's: it raises
+    :class:`ChangelogBehind`."""
     ident = await env.identity(conn, topic)
     store = ClaimStore(env, topic, partition, horizon_s=horizon_s, metrics=metrics)
     try:
         async with PartitionReader(conn, topic, partition, stall_s=stall_s) as reader:
-            bounds = await reader.bounds()
+            bounds = await reader.bounds(min_end=min_end)
+            if bounds.end < min_end:
+                raise ChangelogBehind(topic, partition, min_end, bounds.end)
             reason: str | None = "no local store"
             if await store.in_thread(store.open_existing):
                 reason = store.distrust(ident, bounds, int(time.time() * 1000))

@@ -31,7 +31,8 @@ EXPECTED_ERRORS = re.compile("|".join([
     # off from the others is fenced, and its coordinators are looked up again elsewhere):
     r"ERROR aiokafka(\.\S+)? (Failed fetch messages from \d+: (\[Error 7\] RequestTimedOutError"
     r"|NodeNotReadyError)|Error sending HeartbeatRequest to node \d+ \[(\[Error 7\] RequestTimedOutError\]"
-    r"|NodeNotReadyError: )"
+    r"|NodeNotReadyError: )|Error sending (JoinGroup|SyncGroup|OffsetCommit|LeaveGroup)Request to node \d+ "
+    r"\[NodeNotReadyError: "
     r"|Heartbeat send request failed: (\[Error 7\] RequestTimedOutError|NodeNotReadyError: )"
     r"|Group Coordinator Request failed: (NodeNotReadyError|\[Error 7\] RequestTimedOutError))",
 ]))

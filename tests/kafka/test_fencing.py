@@ -76,3 +76,45 @@ async def test_what_a_producer_given_up_at_its_deadline_fails_once_fenced_is_ret
     finally:
         acc._batches.clear()
         await producer.client.close()
+
+
+async def test_a_producer_whose_stop_was_cut_short_is_kept_until_its_sender_ends_then_closed() -> None:
+    """Without a reference the garbage collector destroys the pending sender task ("Task was
+    destroyed but it is pending"); a sender that never ends is cancelled after ``linger_s``."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    from streamsched.kafka import fencing
+
+    closed: list[str] = []
+
+    class Stub:  # hashable by identity, like aiokafka's producer
+        def __init__(self, name: str, sender: asyncio.Task[bool]) -> None:
+            async def close() -> None:
+                closed.append(name)
+
+            self._sender = SimpleNamespace(sender_task=sender)
+            self.client = SimpleNamespace(close=close)
+
+    def producer_with(name: str, sender: asyncio.Task[bool]) -> Stub:
+        return Stub(name, sender)
+
+    fenced = asyncio.Event()
+    first = producer_with("fenced", asyncio.create_task(fenced.wait()))
+    never = producer_with("never", asyncio.create_task(asyncio.Event().wait()))
+    fencing.linger(first)  # type: ignore[arg-type]
+    fencing.linger(never, linger_s=0.2)  # type: ignore[arg-type]
+    refs = [weakref.ref(first), weakref.ref(never)]
+    del first, never
+    gc.collect()
+    assert all(r() is not None for r in refs)  # kept while their senders run
+    fenced.set()
+
+    async def both_closed() -> bool:
+        return sorted(closed) == ["fenced", "never"]
+
+    await wait_for(both_closed, timeout=5, what="both producers closed")
+    await asyncio.sleep(0)
+    gc.collect()
+    assert all(r() is None for r in refs) and not fencing._LINGERING  # then let go
