@@ -150,8 +150,8 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
       once and are retried after their backoff (the Java client's reconnect backoff does the
       same);
     * a broker the client's current metadata no longer lists (fenced by the controller, e.g.
-      cut off from the other brokers) gets no request, also on connections opened before: they
-      are closed, and a coordinator there is looked up again among the brokers listed."""
+      cut off from the other brokers) gets no new request, also on connections opened before,
+      and a coordinator there is looked up again among the brokers listed."""
     from aiokafka.client import ConnectionGroup
     from aiokafka.conn import CloseReason
     from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
@@ -191,8 +191,8 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
         if _UNRESPONSIVE.get(broker(node_id), 0.0) > time.monotonic():
             return None
         if departed(node_id):
-            for key in [k for k in conns if k[0] == node_id]:
-                conns.pop(key).close(reason=CloseReason.CONNECTION_BROKEN)
+            # Not closed: a request in flight ends as it would (closing would fail it with a
+            # connection error); aiokafka's idle reaper closes the connection later.
             return None  # the caller's NodeNotReady makes it look the coordinator up again
         # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
         # arrives as the call completes, and a consumer's stop() then waits for its fetch task
