@@ -423,6 +423,8 @@ async def test_record_larger_than_dead_letter_bound_is_dead_lettered(bootstrap: 
         identity(sched, e.event) for e in (before, after) if e.event is not None)
     latest = {}
     for rec in await read_topic(bootstrap, sched.state_topic):
+        if rec.value is None:
+            continue  # a tombstone: each owner's read barrier
         st = ClaimState.from_record(CLAIM_CODEC.decode(rec.value))
         latest[st.identity] = st
     assert all(st.outcome is not None for st in latest.values())
