@@ -84,3 +84,19 @@ def test_a_killed_brokers_lines_pass_only_where_a_scenario_allows_them() -> None
     assert unexpected_log_lines(text, allow=fault_audit.BROKER_DOWN_ERRORS) == []
     other = "2026-12-04 15:08:44,265 ERROR aiokafka Unexpected error in sender routine"
     assert unexpected_log_lines(f"{text}\n{other}", allow=fault_audit.BROKER_DOWN_ERRORS) == [other]
+
+
+def test_a_cut_off_coordinators_unknown_error_passes_only_where_the_scenario_allows_it() -> None:
+    lines = [
+        "2026-12-04 22:20:41,380 ERROR aiokafka.producer.sender Could not end transaction due to "
+        "unexpected error: <class 'aiokafka.errors.UnknownError'>",
+        "2026-12-04 22:20:41,380 ERROR aiokafka.producer.sender Unexpected error in sender routine",
+        "Traceback (most recent call last):",
+        '  File "sender.py", line 175, in _sender_routine',
+        "aiokafka.errors.UnknownError: [Error -1] UnknownError",
+    ]
+    assert len(unexpected_log_lines("\n".join(lines))) == 3
+    assert unexpected_log_lines("\n".join(lines), allow=fault_audit.CUT_BROKER_ERRORS) == []
+    # Any other error ending the sender routine is still reported.
+    other = [*lines[1:4], "aiokafka.errors.KafkaError: InvalidTxnState"]
+    assert len(unexpected_log_lines("\n".join(other), allow=fault_audit.CUT_BROKER_ERRORS)) == 1
