@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from streamsched.errors import ChangelogBehind
 from streamsched.kafka import clients, compat
 from streamsched.kafka.admin import describe_configs
 from streamsched.kafka.protocols import ConsumerRecord
@@ -174,13 +175,15 @@ class PartitionReader:
         offset). With ``min_end`` (a read barrier's) the end is asked again, every 50 ms for up
         to ``wait_s`` (default :data:`MIN_END_WAIT_S`), until it reaches it: a commit returns
         before the transaction's markers are written, and the stable offset moves only then.
-        The last answer is returned either way; the caller judges an end short of ``min_end``."""
+        An end still short of it then is a stale leader's: :class:`ChangelogBehind`."""
         begin = (await self._consumer.beginning_offsets([self.tp]))[self.tp]
         end = (await self._consumer.end_offsets([self.tp]))[self.tp]
         give_up = time.monotonic() + (MIN_END_WAIT_S if wait_s is None else wait_s)
         while end < min_end and time.monotonic() < give_up:
             await asyncio.sleep(0.05)
             end = (await self._consumer.end_offsets([self.tp]))[self.tp]
+        if end < min_end:
+            raise ChangelogBehind(self.tp.topic, self.partition, min_end, int(end))
         return Bounds(int(begin), int(end))
 
     async def pages(self, start: int, end: int, *,

@@ -164,8 +164,11 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
     default = ConnectionGroup.DEFAULT
     skip = timeout_s if skip_s is None else skip_s
 
-    def broker(node_id: Any) -> object:
-        found = getattr(getattr(client, "cluster", None), "broker_metadata", lambda _n: None)(node_id)
+    def listed(node_id: Any) -> Any:
+        return getattr(getattr(client, "cluster", None), "broker_metadata", lambda _n: None)(node_id)
+
+    def broker(node_id: Any, found: Any = None) -> object:
+        found = found if found is not None else listed(node_id)
         return (found.host, found.port) if found is not None else (id(client), node_id)
 
     def timed_out(node_id: Any) -> None:
@@ -180,17 +183,17 @@ def bound_requests(client: Any, timeout_s: float, on_timeout: Callable[[], objec
         # others. aiokafka refuses new connections to it but keeps using open ones, so a broker
         # cut off from the cluster and still reachable from here stays the coordinator of
         # whoever found it there: it answers with its stale view (a live producer refused as
-        # fenced, a transaction that cannot complete) until the network heals.
+        # fenced, a transaction that cannot complete) until the network heals. Only asked for
+        # an id the metadata does not list (rare): the per-request cost is the one lookup.
         brokers = getattr(getattr(client, "cluster", None), "brokers", None)
-        if not isinstance(node_id, int) or not callable(brokers):
-            return False
-        listed = {b.nodeId for b in brokers()}
-        return any(isinstance(n, int) for n in listed) and node_id not in listed
+        return (isinstance(node_id, int) and callable(brokers)
+                and any(isinstance(b.nodeId, int) for b in brokers()))
 
     async def get_conn(node_id: Any, *, group: Any = default, no_hint: bool = False) -> Any:
-        if _UNRESPONSIVE.get(broker(node_id), 0.0) > time.monotonic():
+        found = listed(node_id)
+        if _UNRESPONSIVE.get(broker(node_id, found), 0.0) > time.monotonic():
             return None
-        if departed(node_id):
+        if found is None and departed(node_id):
             # Not closed: a request in flight ends as it would (closing would fail it with a
             # connection error); aiokafka's idle reaper closes the connection later.
             return None  # the caller's NodeNotReady makes it look the coordinator up again

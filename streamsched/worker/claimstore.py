@@ -80,7 +80,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from streamsched.errors import DecodeError, StoreUnwritable
+from streamsched.errors import ChangelogBehind, DecodeError, StoreUnwritable
 from streamsched.kafka.changelog import Bounds, PartitionReader, TopicIdentity
 from streamsched.kafka.progress import Progress
 from streamsched.metrics import Metrics
@@ -200,7 +200,9 @@ class ClaimStore(StateBase):
         return int(offset), int(at_ms)
 
     def distrust(self, ident: TopicIdentity, bounds: Bounds, now_ms: int) -> str | None:
-        """Why this store cannot be used warm (None: it can). Logged, so offsets and names only."""
+        """Why this store cannot be used warm (None: it can). Logged, so offsets and names only.
+        A checkpoint past the end of this very topic incarnation raises :class:`ChangelogBehind`
+        (module docs)."""
         head = self.header()
         if head is None:
             return "no local store"
@@ -215,24 +217,14 @@ class ClaimStore(StateBase):
         if cp is None:
             return "a store without a checkpoint"
         offset, at_ms = cp
-        if offset > bounds.end:
-            return f"a store ahead of the changelog (checkpoint {offset} > end {bounds.end})"
+        if offset > bounds.end:  # of this very incarnation: the end is a stale leader's
+            raise ChangelogBehind(self.topic, self.partition, offset, bounds.end)
         if offset < bounds.begin:
             return f"a store behind the changelog's start (checkpoint {offset} < {bounds.begin})"
         margin = max(3_600_000, int(ident.delete_retention_ms * RETENTION_MARGIN))
         if now_ms - at_ms > ident.delete_retention_ms - margin:
             return "a store older than the topic's delete.retention.ms (tombstones may be gone)"
         return None
-
-    def ahead_of(self, ident: TopicIdentity, bounds: Bounds) -> int | None:
-        """This store's checkpoint if it is past ``bounds.end`` although the store is of this
-        cluster's current incarnation of the topic (see :class:`ChangelogBehind`), else None."""
-        head, cp = self.header(), self.read_checkpoint()
-        if head is None or cp is None or ident.topic_id is None or ident.cluster_id is None:
-            return None
-        same = [head.get(k) for k in ("format", "topic", "partition", "cluster_id", "topic_id")] == [
-            FORMAT, self.topic, self.partition, ident.cluster_id, ident.topic_id]
-        return cp[0] if same and cp[0] > bounds.end else None
 
     def wipe(self, ident: TopicIdentity) -> None:
         """Delete everything and start a store for this topic incarnation (offset 0), open for a

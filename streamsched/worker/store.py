@@ -25,7 +25,7 @@ import logging
 import time
 from typing import Any
 
-from streamsched.errors import ChangelogBehind, DecodeError
+from streamsched.errors import DecodeError
 from streamsched.kafka import clients
 from streamsched.kafka.changelog import PartitionReader
 from streamsched.kafka.progress import Progress
@@ -153,8 +153,6 @@ async def restore(conn: clients.Conn, topic: str, partition: int, *, horizon_s: 
     state = PartitionState(partition, horizon_s=horizon_s)
     async with PartitionReader(conn, topic, partition, stall_s=timeout_s) as reader:
         bounds = await reader.bounds(min_end=min_end)
-        if bounds.end < min_end:
-            raise ChangelogBehind(topic, partition, min_end, bounds.end)
         progress = Progress(metrics, topic, partition, bounds.begin, bounds.end, "memory")
         async for records, position in reader.pages(bounds.begin, bounds.end):
             for rec in records:
@@ -189,14 +187,9 @@ async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: i
     try:
         async with PartitionReader(conn, topic, partition, stall_s=stall_s) as reader:
             bounds = await reader.bounds(min_end=min_end)
-            if bounds.end < min_end:
-                raise ChangelogBehind(topic, partition, min_end, bounds.end)
             reason: str | None = "no local store"
             if await store.in_thread(store.open_existing):
                 reason = store.distrust(ident, bounds, int(time.time() * 1000))
-                ahead = store.ahead_of(ident, bounds)
-                if ahead is not None:
-                    raise ChangelogBehind(topic, partition, ahead, bounds.end)
             checkpoint = store.read_checkpoint() if reason is None else None
             if reason is None and checkpoint is not None:
                 kind, start = "warm", checkpoint[0]

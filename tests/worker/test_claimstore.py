@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamsched.errors import ConfigError
+from streamsched.errors import ChangelogBehind, ConfigError
 from streamsched.kafka.changelog import Bounds, TopicIdentity
 from streamsched.kafka.progress import Progress
 from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
@@ -192,11 +192,11 @@ async def test_a_store_is_distrusted_unless_the_changelog_confirms_it(env: Store
     now_ms = int(time.time() * 1000)
     assert store.distrust(IDENT, Bounds(0, 4), now_ms) is None
     assert store.distrust(IDENT, Bounds(0, 9), now_ms) is None  # a tail to read
-    assert "ahead of the changelog" in str(store.distrust(IDENT, Bounds(0, 3), now_ms))
     # Ahead of this very topic's end: a stale read (the restore refuses it), never a cold restore.
-    assert store.ahead_of(IDENT, Bounds(0, 3)) == 4 and store.ahead_of(IDENT, Bounds(0, 4)) is None
-    assert store.ahead_of(TopicIdentity(IDENT.cluster_id, "99999999-2222-3333-4444-555555555555"),
-                          Bounds(0, 3)) is None  # another incarnation: restored cold instead
+    with pytest.raises(ChangelogBehind, match=r"\(3\) is behind offset 4"):
+        store.distrust(IDENT, Bounds(0, 3), now_ms)
+    elsewhere = TopicIdentity(IDENT.cluster_id, "99999999-2222-3333-4444-555555555555")
+    assert "incarnation" in str(store.distrust(elsewhere, Bounds(0, 3), now_ms))  # restored cold
     assert "start" in str(store.distrust(IDENT, Bounds(5, 9), now_ms))
     other_topic = TopicIdentity(IDENT.cluster_id, "99999999-2222-3333-4444-555555555555")
     assert "incarnation" in str(store.distrust(other_topic, Bounds(0, 4), now_ms))
