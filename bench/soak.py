@@ -1,4 +1,4 @@
-"""Soak benchmark: an hour of steady load and rotating faults on a 3-node cluster, then an audit.
+"""Soak benchmark: 90 minutes of steady load and rotating faults on a 3-node cluster, then an audit.
 
 Setup, reused from bench/failover.py and the fault matrix (tests/faults/fault_harness.py): a local
 three-node KRaft cluster (:class:`~streamsched.ops.broker.LocalCluster`, replication 3,
@@ -45,11 +45,13 @@ workers get SIGTERM, and the audit runs (consumers.harness.audit plus the fault 
 ``FaultAudit``: Kafka read_committed and the ledger). The last line is the summary, one JSON object;
 ``pass`` is false, with ``reasons``, and the exit status 1 when
 
-* a worker's RSS at the end is more than 10 % above its RSS at minute 10 (a sixth of the run when
-  shorter, or ``--baseline-minute``; judged for each worker process alive from then to the end;
-  the growth over the second half of that span is reported beside it: a worker's claim caches,
-  block cache and memtables are bounded but take a while to fill at this rate, so growth that
-  stops is filling, growth that goes on is a leak);
+* a long-lived worker's memory did not level off (judged by :mod:`bench.soak_memory` on each
+  worker process alive from minute 20 of 90 to the end, scaled for shorter runs): its RSS at the
+  end more than 5 % from its RSS at the middle minute, or its RSS minus what the claim stores'
+  bounded caches report (``store_memory_bytes``) more than 5 % from that minute's value at any
+  later minute. ``--store-cache-bytes`` shrinks the decoded-claim caches so they fill early;
+  ``--tracemalloc-at`` has the long-lived workers write allocation snapshots and reports what
+  grew between them by source line (a diagnostic: tracing costs memory of its own);
 * an identity sent was never executed (lost);
 * an identity was executed twice: called again after its outcome was stored, or after its lease
   had expired and a later claim took it over; or any other audit flag (fences not rising, an
@@ -58,7 +60,7 @@ workers get SIGTERM, and the audit runs (consumers.harness.audit plus the fault 
 
 Progress goes to stderr. Not part of ``make test``.
 
-Usage: ``python bench/soak.py [--minutes 60] [--fault-every 4.5] [--rate N] [--workers 3]``.
+Usage: ``python bench/soak.py [--minutes 90] [--fault-every 4.5] [--rate N] [--workers 3]``.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import soak_memory  # noqa: E402
 from bench.failover import (  # noqa: E402
     Load,
     executions_since,
@@ -106,7 +109,6 @@ from tests.faults.fault_harness import WORKER_ENV  # noqa: E402
 from tests.faults.skew_disk_support import members_are  # noqa: E402
 
 FAULTS = ("broker_kill", "broker_pause", "worker_kill", "worker_term")
-RSS_GROWTH_LIMIT = 0.10
 AUDIT_IDENTITIES = 350_000
 """The most identities the soak sends: the audit reads the state topic whole (two snapshots per
 identity, more after retries) through reads bounded at 1M records."""
@@ -232,6 +234,12 @@ class Soak:
         self.delay = internal_topic("delay", self.wf.name)
         self.env = {**WORKER_ENV, **self.wf.env, "STREAMSCHED_STORE_DIR": str(workdir / "stores"),
                     "STREAMSCHED_CLAIM_DURATION_S": str(args.claim_s)}
+        if args.store_cache_bytes is not None:
+            self.env["STREAMSCHED_STORE_CACHE_BYTES"] = str(args.store_cache_bytes)
+        self.snapshots = (soak_memory.Snapshots(workdir / "tracemalloc", [*args.tracemalloc_at, args.minutes])
+                          if args.tracemalloc_at else None)
+        if self.snapshots:
+            self.env.update(self.snapshots.env())
         self.load = SoakLoad(cluster.bootstrap, self.wf, args.partitions, WARMUP_RATE,
                              dup_ratio=args.dup_ratio)
         self.slots: list[Slot] = []
@@ -477,48 +485,20 @@ class Soak:
             self.samples.append(doc)
             emit(doc)
             prev = doc
+            if self.snapshots and self.snapshots.due(minute):  # the long-lived workers only
+                self.snapshots.take(minute, [s.proc.pid for s in self.slots[:-1] if s.proc.alive()])
 
     # --- the run ----------------------------------------------------------------------------------
 
-    def rss_check(self) -> dict[str, Any]:
-        """Each worker process alive from the baseline minute to the end: RSS growth over that span
-        (judged), and over its second half (reported: growth that stops is a cache filling up,
-        growth that goes on is a leak)."""
-        minutes: int = self.args.minutes
-        base_minute = min(minutes, self.args.baseline_minute or max(1, round(minutes / 6)))
-        mid_minute = (base_minute + minutes) // 2
-
-        def at(minute: int, name: str) -> dict[str, Any] | None:
-            doc = next((s for s in self.samples if s["minute"] == minute), None)
-            stats: dict[str, Any] | None = (doc or {}).get("workers", {}).get(name)
-            return stats
-
-        out: dict[str, Any] = {"baseline_minute": base_minute, "mid_minute": mid_minute,
-                               "limit_pct": RSS_GROWTH_LIMIT * 100}
-        for slot in self.slots:
-            b, m, e = at(base_minute, slot.name), at(mid_minute, slot.name), at(minutes, slot.name)
-            row: dict[str, Any] = {"starts": slot.starts}
-            if b and e and b["pid"] == e["pid"]:
-                growth = e["rss_mb"] / b["rss_mb"] - 1
-                row.update(pid=e["pid"], baseline_mb=b["rss_mb"], mid_mb=m and m["rss_mb"],
-                           end_mb=e["rss_mb"],
-                           growth_pct=round(growth * 100, 1),
-                           second_half_growth_pct=m and round((e["rss_mb"] / m["rss_mb"] - 1) * 100, 1),
-                           fds_baseline=b["fds"], fds_end=e["fds"], judged=True,
-                           store_baseline_mb=b.get("store_mb"), store_end_mb=e.get("store_mb"))
-                stores = [sum((x.get("store_mb") or {}).values()) for x in (b, e)]
-                if all(x.get("store_mb") for x in (b, e)):
-                    # What the stores' bounded caches filling up explains, and what is left.
-                    outside = (e["rss_mb"] - stores[1]) / (b["rss_mb"] - stores[0]) - 1
-                    row["growth_outside_stores_pct"] = round(outside * 100, 1)
-                if growth > RSS_GROWTH_LIMIT:
-                    self.reasons.append(f"{slot.name} (pid {e['pid']}) RSS grew {growth * 100:.1f} % from "
-                                        f"minute {base_minute} ({b['rss_mb']} MB) to the end "
-                                        f"({e['rss_mb']} MB)")
-            else:
-                row.update(judged=False, why="no one process alive at the baseline minute and the end")
-            out[slot.name] = row
-        return out
+    def memory_check(self) -> dict[str, Any]:
+        """The memory judgement of :mod:`bench.soak_memory`, its reasons added to the run's."""
+        names = [slot.name for slot in self.slots]
+        figures, reasons = soak_memory.judge(self.samples, names, self.args.minutes)
+        self.reasons += reasons
+        figures["table"] = soak_memory.table(self.samples, names)
+        if self.snapshots:
+            figures["tracemalloc_growth"] = self.snapshots.report()
+        return figures
 
     async def run(self) -> dict[str, Any]:
         result: dict[str, Any] = {}
@@ -556,7 +536,7 @@ class Soak:
         log("audit")
         audit = await self.audit()
         result.update(self.audit_summary(audit))
-        result.update(probe=probe, rate_per_s=rate, rate_chosen_by=why, rss=self.rss_check())
+        result.update(probe=probe, rate_per_s=rate, rate_chosen_by=why, memory=self.memory_check())
         lines = self.log_findings()
         result.update(unexpected_log_lines=len(lines), unexpected_log_samples=lines[:5])
         soaked = self.samples[-1]["produced"] - self.sent0 if self.samples else 0
@@ -654,7 +634,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--minutes", type=int, default=60, help="length of the soak (after setup and probe)")
+    ap.add_argument("--minutes", type=int, default=90, help="length of the soak (after setup and probe)")
     ap.add_argument("--fault-every", type=float, default=4.5, help="minutes between faults")
     ap.add_argument("--rate", type=float, help="events per second (default: half the probe's maximum)")
     ap.add_argument("--probe-events", type=int, default=4000)
@@ -666,8 +646,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--pause-s", type=float, default=20.0, help="how long a broker stays SIGSTOPped")
     ap.add_argument("--recover-s", type=float, default=180.0, help="deadline of each fault's recovery")
     ap.add_argument("--drain-s", type=float, default=300.0, help="deadline for lag 0 at the end")
-    ap.add_argument("--baseline-minute", type=int,
-                    help="the minute whose RSS the end is compared with (default: a sixth of the run)")
+    ap.add_argument("--store-cache-bytes", type=int,
+                    help="the workers' STREAMSCHED_STORE_CACHE_BYTES (smaller: the caches fill sooner)")
+    ap.add_argument("--tracemalloc-at", type=lambda t: [int(m) for m in t.split(",") if m], default=[],
+                    help="minutes (comma-separated) at which the long-lived workers write a tracemalloc "
+                         "snapshot (and at the end); the summary reports what grew between them")
     ap.add_argument("--heap", default=DEFAULT_HEAP, help="each broker's -Xmx")
     ap.add_argument("--data-dir", help="cluster, ledger, stores and worker logs (default: a new temp dir)")
     args = ap.parse_args(argv)

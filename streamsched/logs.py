@@ -10,6 +10,11 @@ runtime (never by reading a payload): ``scheduler`` and ``partition`` for everyt
 partition's owner does, and ``identity`` (the ``sched_`` digest, not the plaintext), ``offset``,
 ``fence`` and ``trace_id`` while an item executes. Context lives in a :class:`contextvars.ContextVar`,
 so it follows the task that set it and the tasks it starts, and never leaks between partitions.
+
+Lines that repeat per item (a failed attempt, a dead letter) go through a :class:`RateLimiter`:
+at most a few per key and interval, the rest counted and said as one "N more suppressed" line.
+A traceback that must show at the default level (an unexpected failure) is rendered by
+:func:`safe_traceback`: frames and exception types, never an exception's message.
 """
 
 from __future__ import annotations
@@ -19,16 +24,19 @@ import contextvars
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
 from typing import Final
 
 import orjson
 
 from streamsched import settings
 
-__all__ = ["CONTEXT_FIELDS", "JsonFormatter", "TextFormatter", "configure", "current_context", "log_context",
-           "parse_level"]
+__all__ = ["CONTEXT_FIELDS", "JsonFormatter", "RateLimiter", "TextFormatter", "configure", "current_context",
+           "log_context", "parse_level", "safe_traceback"]
 
 CONTEXT_FIELDS: Final = ("scheduler", "partition", "offset", "identity", "fence", "trace_id")
 """The only fields a line's context may carry (all safe: names, numbers, digests, trace ids)."""
@@ -126,3 +134,105 @@ def configure(level: str | None = None, fmt: str | None = None) -> None:
     handler.setFormatter(JsonFormatter() if chosen == "json" else TextFormatter())
     handler._streamsched = True  # type: ignore[attr-defined]
     root.addHandler(handler)
+
+
+@dataclass(slots=True)
+class _Window:
+    start: float
+    passed: int = 0
+    suppressed: int = 0
+
+
+class RateLimiter:
+    """At most ``lines`` lines per key in each ``interval_s``; the rest are counted.
+
+    A per-interval counter per key (a key is e.g. (scheduler, line, error kind), so a flood of
+    one failure never hides the first line of another). The count of a key's suppressed lines is
+    handed to the first line that key logs in a later interval (:meth:`admit` returns it), which
+    says it as "N more suppressed" before itself; a key that never logs again keeps its count
+    unsaid (the metrics count every failure anyway). Memory is bounded: at most ``max_keys`` keys,
+    the oldest forgotten first. Pure: the clock is injected.
+    """
+
+    def __init__(self, *, lines: int = 10, interval_s: float = 60.0, max_keys: int = 1024,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if lines < 1 or interval_s <= 0 or max_keys < 1:
+            raise ValueError("a rate limiter needs lines >= 1, interval_s > 0 and max_keys >= 1")
+        self.lines = lines
+        self.interval_s = interval_s
+        self.max_keys = max_keys
+        self._clock = clock
+        self._lock = threading.Lock()  # logging may happen on any thread
+        self._windows: dict[Hashable, _Window] = {}
+
+    def admit(self, key: Hashable) -> int | None:
+        """None: suppress this line (counted). Else log it, after saying that the returned
+        number (0: none) of this key's lines were suppressed since its last line."""
+        now = self._clock()
+        with self._lock:
+            window = self._windows.get(key)
+            if window is None:
+                if len(self._windows) >= self.max_keys:
+                    del self._windows[next(iter(self._windows))]  # the oldest key
+                window = self._windows[key] = _Window(now)
+            elif now - window.start >= self.interval_s:
+                window.start, window.passed = now, 0
+            if window.passed >= self.lines:
+                window.suppressed += 1
+                return None
+            window.passed += 1
+            said, window.suppressed = window.suppressed, 0
+            return said
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def log(self, logger: logging.Logger, level: int, key: tuple[str, ...], msg: str, *args: object,
+            extra: dict[str, object] | None = None) -> bool:
+        """``logger.log(level, msg, *args)`` unless ``key`` is over its rate (then counted), led
+        by a "N more suppressed" line when some were. True if the line was logged. A level the
+        logger does not log costs nothing and counts nothing."""
+        if not logger.isEnabledFor(level):
+            return False
+        said = self.admit(key)
+        if said is None:
+            return False
+        if said:
+            logger.log(level, "%d more %s line(s) suppressed (at most %d per %.0f s)", said, "/".join(key),
+                       self.lines, self.interval_s, extra=extra)
+        logger.log(level, msg, *args, extra=extra)
+        return True
+
+
+def _type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def safe_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as Python prints it, causes and contexts included, but with each
+    exception's type alone in place of ``Type: message``: where it failed, never what it held
+    (a message may quote payload or a plaintext identity)."""
+    chain: list[tuple[BaseException, str]] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    link = ""
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        chain.append((cur, link))
+        if cur.__cause__ is not None:
+            cur, link = cur.__cause__, "The above exception was the direct cause of the following exception:"
+        elif cur.__context__ is not None and not cur.__suppress_context__:
+            cur, link = cur.__context__, "During handling of the above exception, another exception occurred:"
+        else:
+            cur = None
+    parts: list[str] = []
+    for one, link in reversed(chain):  # the innermost first, as Python prints them
+        if one.__traceback__ is not None:
+            parts.append("Traceback (most recent call last):")
+            frames = traceback.format_list(traceback.extract_tb(one.__traceback__))
+            parts.extend(frame.rstrip("\n") for frame in frames)
+        parts.append(_type_name(one))
+        if link:  # how it leads to the exception printed next
+            parts += ["", link, ""]
+    return "\n".join(parts)

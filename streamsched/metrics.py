@@ -142,6 +142,7 @@ _TABLE: Final[tuple[tuple[str, MetricType, tuple[str, ...], str], ...]] = (
     ("attempts_exhausted", "counter", (), "items dead-lettered after the delivery-attempt bound"),
     ("deferred_until_due", "counter", (), "items deferred until their due time"),
     ("duplicates_in_batch", "counter", (), "records folded into an earlier copy in the same batch"),
+    ("retry_joined", "counter", (), "records that joined their identity's parked retry instead of running"),
     ("fetched_duplicates", "counter", (), "records fetched twice in one fetch sequence, dropped"),
     ("lease_waits", "counter", (), "items waiting for another owner's claim lease to expire"),
     ("parked", "counter", (), "items parked on the delay topic"),

@@ -1,8 +1,10 @@
 """Every ``STREAMSCHED_*`` environment variable, declared once: name, type, default, allowed
 range and meaning (:data:`VARIABLES`).
 
-Commands check every set variable before they start (:func:`check`, called by the CLI), so a
-bad value is one line naming the variable, never a traceback later in a worker. Readers take the
+Each command checks the set variables it reads before it starts (:func:`check`, called by the
+CLI with the command's words): a bad value is one line naming the variable, never a traceback
+later in a worker, and a variable only another command reads (``STREAMSCHED_STATUS_PORT`` of
+``run``) does not stop a command that never looks at it. Readers take the
 parsed value from here (:func:`value`), so the check and the use cannot disagree. The generated
 reference (``docs/reference/configuration.md``) is rendered from this table.
 
@@ -26,7 +28,7 @@ from typing import Any, Final
 from streamsched.errors import ConfigError
 from streamsched.model.durations import parse_duration
 
-__all__ = ["KINDS", "PREFIX", "VARIABLES", "Variable", "check", "declared", "parse", "value"]
+__all__ = ["KINDS", "PREFIX", "VARIABLES", "Variable", "check", "declared", "parse", "reads", "value"]
 
 PREFIX: Final = "STREAMSCHED_"
 KINDS: Final = ("str", "int", "float", "bool", "duration", "choice", "path", "secret", "options")
@@ -43,7 +45,8 @@ class Variable:
     """One environment variable. ``default`` is the documented default (None: none, or the
     command's own); ``low``/``high`` bound a number or a duration (in seconds); ``internal`` marks
     variables for tests and crash drills, not for deployments; ``alias_of`` names the variable a
-    deprecated one was replaced by, its value times ``scale`` being that variable's seconds."""
+    deprecated one was replaced by, its value times ``scale`` being that variable's seconds;
+    ``commands`` names the CLI commands that read it (:func:`reads`)."""
 
     name: str
     kind: str
@@ -58,6 +61,9 @@ class Variable:
     scale: float = 1.0
     extra: Callable[[str], None] | None = None
     """A further check of the text (raising ConfigError with what is wrong, never the value)."""
+    commands: tuple[str, ...] = ()
+    """The commands that read it, by their words (``run``, ``schedule tick``; ``outbox`` covers
+    its actions). Empty: every command, or, in the connection group, every command that connects."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or not self.name.startswith(PREFIX):
@@ -119,6 +125,10 @@ def _v(name: str, kind: str, description: str, **kw: Any) -> Variable:
     return Variable(PREFIX + name, kind, description, **kw)
 
 
+_WORKERS = {"commands": ("run", "schedule tick")}
+"""Read by worker_config_from_env: a worker's and a ticker's group settings."""
+
+
 _CONN = {"group": "connection"}
 VARIABLES: Final[tuple[Variable, ...]] = (
     # The connection (flag, else variable, else the --config file: streamsched.ops.config).
@@ -160,53 +170,60 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     _v("ALLOW_UNTESTED_KAFKA", "bool", "connect to a Kafka release streamsched is not tested with",
        default="false", **_CONN),
     # A worker (`streamsched run`) and a ticker (`schedule tick`).
-    _v("SESSION_TIMEOUT", "duration", "consumer-group session timeout", default="10s", low=1, high=3600),
-    _v("HEARTBEAT", "duration", "consumer-group heartbeat interval", default="1s", low=0.1, high=600),
+    _v("SESSION_TIMEOUT", "duration", "consumer-group session timeout", default="10s", low=1, high=3600,
+       **_WORKERS),
+    _v("HEARTBEAT", "duration", "consumer-group heartbeat interval", default="1s", low=0.1, high=600,
+       **_WORKERS),
     _v("COMMIT_INTERVAL", "duration", "how long a Kafka-native transaction gathers batches, and how "
-       "often consumed offsets ride a transaction", default="0.1s", low=0, high=60),
+       "often consumed offsets ride a transaction", default="0.1s", low=0, high=60, **_WORKERS),
     _v("SESSION_TIMEOUT_MS", "int", "deprecated: STREAMSCHED_SESSION_TIMEOUT in milliseconds",
-       alias_of=PREFIX + "SESSION_TIMEOUT", scale=0.001, low=1000, high=3_600_000),
+       alias_of=PREFIX + "SESSION_TIMEOUT", scale=0.001, low=1000, high=3_600_000, **_WORKERS),
     _v("HEARTBEAT_MS", "int", "deprecated: STREAMSCHED_HEARTBEAT in milliseconds",
-       alias_of=PREFIX + "HEARTBEAT", scale=0.001, low=100, high=600_000),
+       alias_of=PREFIX + "HEARTBEAT", scale=0.001, low=100, high=600_000, **_WORKERS),
     _v("COMMIT_INTERVAL_S", "float", "deprecated: STREAMSCHED_COMMIT_INTERVAL in seconds",
-       alias_of=PREFIX + "COMMIT_INTERVAL", low=0, high=60),
+       alias_of=PREFIX + "COMMIT_INTERVAL", low=0, high=60, **_WORKERS),
     _v("STORE_DIR", "path", "where `run` keeps claim state (RocksDB); `:memory:` keeps it in memory "
-       "(empty: the default)", default="$XDG_STATE_HOME/streamsched/stores"),
+       "(empty: the default)", default="$XDG_STATE_HOME/streamsched/stores", commands=("run",)),
     _v("STORE_CACHE_BYTES", "int", "bytes of decoded claims a worker caches in memory with a store "
-       "directory", default="4194304", low=0),
+       "directory", default="4194304", low=0, **_WORKERS),
     _v("OUTCOME_HORIZON", "duration", "how long a resolved identity is remembered (as "
-       "--outcome-horizon); `replay --verify` reads it too", default="7d", low=3600, high=365 * 86400),
+       "--outcome-horizon); `replay --verify` reads it too", default="7d", low=3600, high=365 * 86400,
+       commands=("run", "schedule tick", "replay")),
     _v("REPLICATION", "int", "replication factor of the topics `run` creates (as --replication)",
-       default="min(3, brokers)", low=1, high=16),
+       default="min(3, brokers)", low=1, high=16, commands=("run",)),
     # Logging, status and the console.
     _v("LOG", "choice", "log level; debug also prints a failed command's traceback", default="warning",
        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), group="logging"),
     _v("LOG_FORMAT", "choice", "text (one human line) or json (one JSON object a line)", default="text",
        choices=("TEXT", "JSON"), group="logging"),
     _v("STATUS_PORT", "int", "`run`: serve /status, /metrics, /healthz and /readyz on this port "
-       "(as --status-port)", default="none", low=0, high=65535, group="status"),
+       "(as --status-port)", default="none", low=0, high=65535, group="status", commands=("run",)),
     _v("STATUS_HOST", "str", "address the status server binds (as --status-host)", default="127.0.0.1",
-       group="status"),
+       group="status", commands=("run", "schedule tick", "outbox relay")),
     _v("STATUS_URL", "str", "`status`: the status server to ask", default="http://127.0.0.1:9464",
-       group="status"),
+       group="status", commands=("status",)),
     _v("CONSOLE_TOKEN", "secret", "`console --allow-actions`: one more action token (label console)",
-       group="status"),
+       group="status", commands=("console",)),
+    _v("TRACEMALLOC_DIR", "path", "`run`: trace Python allocations and write a tracemalloc snapshot "
+       "to this directory on each SIGUSR2 (a diagnostic of memory growth; it slows the worker)",
+       group="status", commands=("run",)),
     # Other commands.
     _v("OUTBOX_DSN", "secret", "`outbox`: the database, sqlite:///path.db or postgresql://... (as "
-       "--dsn; it may hold a password)", group="commands"),
+       "--dsn; it may hold a password)", group="commands", commands=("outbox",)),
     _v("KAFKA_VERSION", "str", "`broker start`: the Apache Kafka release to run (as --kafka-version)",
-       default="the newest tested", extra=_kafka_version, group="commands"),
+       default="the newest tested", extra=_kafka_version, group="commands", commands=("broker start",)),
     _v("CACHE", "path", "`broker start`: where Kafka's jars are cached",
-       default="$XDG_CACHE_HOME/streamsched", group="commands"),
+       default="$XDG_CACHE_HOME/streamsched", group="commands", commands=("broker start",)),
     _v("STORE_PASSWORD", "secret", "set by `broker start --tls` for the openssl it runs; not read from "
-       "your environment", internal=True, group="testing"),
+       "your environment", internal=True, group="testing",
+       commands=("broker start",)),
     # Tests and crash drills.
     _v("TEST_BOOTSTRAP", "str", "the pytest plugin: an existing cluster to test against", internal=True,
        extra=_host_ports("TEST_BOOTSTRAP"), group="testing"),
     _v("FAILPOINT", "str", "crash tests: SIGKILL at a named point, name[:nth][,...]", internal=True,
        extra=_failpoints, group="testing"),
     _v("OWNER_FAULTS", "float", "crash tests: probability that a partition owner fails soon after "
-       "it is restored", internal=True, low=0, high=1, group="testing"),
+       "it is restored", internal=True, low=0, high=1, group="testing", **_WORKERS),
     _v("NAMESPACE", "str", "the example apps (consumers/): suffix of their topics and app ids",
        internal=True, group="testing"),
     _v("LEDGER", "path", "the example apps: the SQLite ledger their external command writes",
@@ -293,14 +310,26 @@ def _deprecated(alias: Variable) -> None:
           "(a duration such as 10s)", file=sys.stderr)
 
 
-def check(env: Mapping[str, str] | None = None) -> None:
+def reads(var: Variable, command: str, *, connects: bool) -> bool:
+    """Whether ``command`` (its words, ``schedule tick``) reads ``var``; ``connects``: it talks
+    to Kafka (or the schema registry) through the connection settings."""
+    if var.group == "connection" and not var.commands:
+        return connects
+    words = command.split()
+    return not var.commands or any(c.split() == words[:len(c.split())] for c in var.commands)
+
+
+def check(env: Mapping[str, str] | None = None, *, command: str | None = None,
+          connects: bool = True) -> None:
     """Every declared variable that is set (and not empty) parses: the first bad one is a
-    :class:`ConfigError` naming it. Undeclared ``STREAMSCHED_*`` names are left alone: an app
-    may use the prefix for its own settings. A deprecated alias warns once."""
+    :class:`ConfigError` naming it. With ``command``, only the variables it reads
+    (:func:`reads`): the others are checked where they are used. Undeclared ``STREAMSCHED_*``
+    names are left alone: an app may use the prefix for its own settings. A deprecated alias
+    warns once."""
     environ = _environ(env)
     for var in VARIABLES:
         text = environ.get(var.name, "")
-        if not text.strip():
+        if not text.strip() or (command is not None and not reads(var, command, connects=connects)):
             continue
         parse(var, text)
         if var.alias_of is not None and not environ.get(var.alias_of, "").strip():

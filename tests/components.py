@@ -1,8 +1,10 @@
 """Components a test needs from outside the project (a Python package, a program) and cannot find.
 
-Locally a missing component skips the test, saying what to install. Under ``CI=true`` it fails the
-test instead: a CI run that silently skipped the PostgreSQL outbox or the Faust integration would
-pass while proving less than it says.
+Locally a missing component skips the test, saying what to install. Under ``CI=true`` (``.ci/run``
+sets it) it fails the test instead: a CI run that silently skipped the PostgreSQL outbox or the
+Faust integration would pass while proving less than it says. Any other skip is audited by
+tests/skip_audit.py: listed at the end of each run, and failing a CI run unless
+tests/skips-allowed.txt names it.
 
 Imported as ``components`` by tests in any folder below tests/ (pytest puts this folder on
 ``sys.path`` for the conftest.py beside it), like java_support.

@@ -21,7 +21,7 @@ from streamsched.model.retry import Terminal
 from streamsched.ops.broker import LocalCluster
 from streamsched.testing import running_worker, wait_drained
 from streamsched.worker.app import SchedulerDef
-from tests import components
+from tests import components, skip_audit
 
 if TYPE_CHECKING:
     from streamsched.worker.intake import Worker
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{components.MARKER}(name, reason, found): needs an outside "
                             "component; missing, the test skips (fails under CI=true): tests/components.py")
+    skip_audit.register(config)  # each run ends with its skips; under CI=true an unlisted one fails it
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -72,3 +72,33 @@ def test_a_worker_with_a_bad_log_setting_exits_2_in_one_line(env: dict[str, str]
                           env={**os.environ, **env})
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_safe_traceback_shows_frames_and_types_never_messages() -> None:
+    from streamsched.logs import safe_traceback
+
+    secret = "SECRET"  # what a record held at run time (the source lines shown are code)
+
+    def inner() -> None:
+        raise KeyError(f"sched-plaintext-{secret}")
+
+    try:
+        try:
+            inner()
+        except KeyError:
+            raise ValueError(f"payload {secret}") from None
+    except ValueError as suppressed:
+        assert safe_traceback(suppressed).splitlines()[-1] == "ValueError"
+        assert "KeyError" not in safe_traceback(suppressed)  # ``from None``: as Python prints it
+    try:
+        try:
+            inner()
+        except KeyError as exc:
+            raise ValueError(f"payload {secret}") from exc
+    except ValueError as chained:
+        text = safe_traceback(chained)
+    lines = text.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "in inner" in text
+    assert "KeyError" in lines
+    assert "The above exception was the direct cause of the following exception:" in lines
+    assert lines[-1] == "ValueError" and "SECRET" not in text

@@ -154,3 +154,46 @@ def test_toml_errors_name_the_file_line_and_column_never_its_text(loader: str, w
     text = str(bad.value)
     assert text.startswith(f"{what} {path}: not valid TOML at line 3, column ")
     assert "hunter2" not in text and "trailing" not in text
+
+
+def test_a_variable_stops_only_the_commands_that_read_it(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from streamsched.ops import cli
+    from streamsched.ops.broker import free_port
+
+    # Only `run` reads the status port: `acl plan` (offline) and `status` (which asks a URL)
+    # go on as if it were unset; `run` refuses it before it starts.
+    monkeypatch.setenv("STREAMSCHED_STATUS_PORT", "abc")
+    assert cli.main(["acl", "plan", "--role", "producer", "--topic", "t", "--principal", "User:svc"]) == 0
+    assert "User:svc" in capsys.readouterr().out
+    assert cli.main(["status", "--url", f"http://127.0.0.1:{free_port()}"]) == 1  # nothing answers
+    assert "STATUS_PORT" not in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # its --status-port flag's default, refused by argparse
+        cli.main(["run", "--app", "nosuchmodule:app", "--bootstrap", "127.0.0.1:1"])
+    assert refused.value.code == 2 and "(STREAMSCHED_STATUS_PORT) must be" in capsys.readouterr().err
+    # A connection variable stops the commands that connect, not `acl plan`.
+    monkeypatch.delenv("STREAMSCHED_STATUS_PORT")
+    monkeypatch.setenv("STREAMSCHED_BOOTSTRAP", "host:port")
+    assert cli.main(["acl", "plan", "--role", "producer", "--topic", "t", "--principal", "User:svc"]) == 0
+    capsys.readouterr()
+    assert cli.main(["emit", "t", "--event", '{"type": "due"}']) == 2
+    assert "STREAMSCHED_BOOTSTRAP must be" in capsys.readouterr().err
+
+
+def test_each_command_a_variable_names_exists() -> None:
+    from streamsched.ops.cli.parser import build_parser
+
+    def words(parser: object, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+        import argparse
+
+        subs = [a for a in getattr(parser, "_actions", ()) if isinstance(a, argparse._SubParsersAction)]
+        found = {prefix} if prefix else set()
+        for sub in subs:
+            for name, p in sub.choices.items():
+                found |= words(p, (*prefix, name))
+        return found
+
+    commands = words(build_parser())
+    for var in settings.VARIABLES:
+        for command in var.commands:
+            assert tuple(command.split()) in commands, (var.name, command)

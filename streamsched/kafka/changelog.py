@@ -22,6 +22,9 @@ Pages are small (:func:`page_size`, 233 records by default) so that their record
 before the cyclic collector promotes them; a store batches several pages into one write.
 A restore has no total deadline (a big partition takes as long as it takes); it fails only when
 the position stops advancing for ``stall_s``, and a retry resumes from the store's checkpoint.
+:func:`replay` is the whole read of a restore that keeps its state in memory (the worker's
+in-memory claim state, the schedule ticker): bounds, at least to a read barrier's offset, then
+every page, with the restore progress reported.
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ import gc
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from streamsched.errors import ChangelogBehind
 from streamsched.kafka import clients, compat
 from streamsched.kafka.admin import describe_configs
+from streamsched.kafka.progress import Progress
 from streamsched.kafka.protocols import ConsumerRecord
+from streamsched.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -215,3 +220,20 @@ class PartitionReader:
             else:
                 await asyncio.sleep(0)
             del records  # not held while the next page is fetched
+
+
+async def replay(conn: clients.Conn, topic: str, partition: int,
+                 apply: Callable[[list[ConsumerRecord]], None], *, kind: str, metrics: Metrics | None = None,
+                 stall_s: float = 60.0, min_end: int = 0) -> Bounds:
+    """Hand every record of ``topic[partition]`` to ``apply``, a page at a time in log order, from
+    its first offset to its end, reporting progress as a restore of ``kind``; returns the bounds
+    it read between. An end before ``min_end`` (a read barrier's,
+    :func:`streamsched.kafka.txn.read_barrier`) raises :class:`ChangelogBehind`."""
+    async with PartitionReader(conn, topic, partition, stall_s=stall_s) as reader:
+        bounds = await reader.bounds(min_end=min_end)
+        progress = Progress(metrics, topic, partition, bounds.begin, bounds.end, kind)
+        async for records, position in reader.pages(bounds.begin, bounds.end):
+            apply(records)
+            progress.page(len(records), position)
+        progress.done()
+    return bounds

@@ -1,4 +1,4 @@
-"""aiokafka log records that streamsched reports better itself: two filters, nothing else touched.
+"""aiokafka log records that streamsched reports better itself: three filters, nothing else touched.
 
 **Routine produce retries** (:class:`RetrySummary`). Kafka 3.6+ brokers verify every
 transactional produce with the coordinator (KIP-890 part 1) and answer one that races the
@@ -21,6 +21,16 @@ this process has connected once, those records are held (address and error type 
 :data:`MAX_HELD`), and the CLI's one line names them; when a client connects, they are logged
 as one WARNING (a bootstrap list with a dead entry still deserves a word); after that every
 record passes as it is. Only the CLI installs this filter, and not with ``STREAMSCHED_LOG=DEBUG``.
+
+**A group's coordinator not found yet at start** (:class:`CoordinatorStartup`). A consumer group
+member first asks which broker coordinates its group; a cluster that just started (or whose
+``__consumer_offsets`` topic is being created or loaded) answers with a retriable error such as
+COORDINATOR_NOT_AVAILABLE for a few seconds, and aiokafka logs each answer at ERROR before it
+asks again, then a WARNING "Marking the coordinator dead" when the join that follows is told
+the coordinator is still loading: the quickstart's healthy start showed such lines. For
+:data:`STARTUP_GRACE_S` after the process builds its first group member (:func:`group_starting`), those two
+records are INFO (a lookup failure only if its error is retriable); past that deadline they pass
+as they are (ERROR, WARNING): a coordinator still missing then is a fault.
 """
 
 from __future__ import annotations
@@ -34,8 +44,11 @@ from typing import TypeVar
 SENDER_LOGGER = "aiokafka.producer.sender"
 CLIENT_LOGGER = "aiokafka"
 """aiokafka's client module logs its bootstrap failures under this name."""
+COORDINATOR_LOGGER = "aiokafka.consumer.group_coordinator"
 WINDOW_S = 60.0
 MAX_HELD = 16
+STARTUP_GRACE_S = 60.0
+"""How long after a process builds its first group member coordinator-lookup failures are routine."""
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +133,42 @@ class BootstrapErrors(logging.Filter):
                         ", ".join(dict.fromkeys(held)))
 
 
+_LOOKUP_MSG = "Group Coordinator Request failed: %s"
+_DEAD_MSG = "Marking the coordinator dead (node %s)for group %s."
+
+
+class CoordinatorStartup(logging.Filter):
+    """aiokafka's coordinator-lookup failures (retriable ones) and "coordinator dead" warnings
+    as INFO while a group member starts."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, grace_s: float = STARTUP_GRACE_S) -> None:
+        super().__init__()
+        self._clock = clock
+        self._grace_s = grace_s
+        self._until = float("-inf")
+
+    def starting(self) -> None:
+        """A group member was built: lookups are routine for ``grace_s`` from the FIRST one of
+        the process (its start). Later ones open no new grace period: a process that builds
+        group consumers all along (the console reading lag) would otherwise never show a
+        missing coordinator."""
+        if self._until == float("-inf"):
+            self._until = self._clock() + self._grace_s  # one float: no lock needed
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg not in (_LOOKUP_MSG, _DEAD_MSG) or record.levelno <= logging.INFO:
+            return True
+        if self._clock() >= self._until:
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.msg == _LOOKUP_MSG and (not args or getattr(args[0], "retriable", False) is not True):
+            return True  # a refusal (authorization...) stays an ERROR at once
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        # The logger's level let the ERROR through; it decides again for the INFO it now is
+        # (handlers do not check the logger's level, only their own).
+        return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+
+
 _filters: dict[str, logging.Filter] = {}
 """The filter installed on each aiokafka logger, by logger name (one per process)."""
 _install_lock = threading.Lock()
@@ -139,6 +188,14 @@ def _install(logger: str, make: Callable[[], _F]) -> _F:
 def install() -> RetrySummary:
     """Put the summary filter on aiokafka's sender logger, once per process."""
     return _install(SENDER_LOGGER, RetrySummary)
+
+
+def group_starting() -> CoordinatorStartup:
+    """A consumer group member is being built: put the start filter on aiokafka's group
+    coordinator logger and open its grace period (both once per process)."""
+    startup = _install(COORDINATOR_LOGGER, CoordinatorStartup)
+    startup.starting()
+    return startup
 
 
 def install_bootstrap() -> BootstrapErrors:

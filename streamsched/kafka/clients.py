@@ -277,6 +277,8 @@ def consumer(conn: Conn, *topics: str, group_id: str | None = None, **options: A
     """An ``AIOKafkaConsumer`` (not started): no auto commit, earliest, read_committed; it
     refreshes metadata every few seconds and whenever an offset lookup fails (module docs)."""
     _refuse(options, LOCKED_CONSUMER, "consumer")
+    if group_id is not None:
+        clientlog.group_starting()  # its coordinator lookup may fail routinely for a while
     c = connection(conn)
     built = _consumer_class()(*topics, group_id=group_id, enable_auto_commit=False,
                               auto_offset_reset="earliest", isolation_level="read_committed",

@@ -52,13 +52,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from streamsched import settings
 from streamsched.errors import FencedOut, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.fencing import (
@@ -69,6 +67,7 @@ from streamsched.kafka.fencing import (
     settle_producer_futures,
     settle_sends,
 )
+from streamsched.kafka.ownerfaults import log_failure, run_body
 from streamsched.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -114,41 +113,6 @@ async def finish_or_cancel(task: asyncio.Task[Any], deadline_s: float) -> None:
             raise
     except Exception:  # noqa: BLE001 - failing while being cancelled: nothing left to do
         pass
-
-
-FAULTS_ENV = "STREAMSCHED_OWNER_FAULTS"
-"""Crash tests only (like :mod:`streamsched.failpoints`): ``STREAMSCHED_OWNER_FAULTS=0.2`` makes
-each owner, with probability 0.2, fail with :class:`InjectedFault` within 3 s of being restored,
-so restarts overlap rebalances (tests/crash/test_rebalance_storm.py). Unset: one lookup, no cost."""
-
-
-class InjectedFault(StreamschedError):
-    """A failure injected by :data:`FAULTS_ENV` (never raised in production)."""
-
-    kind = "injected_fault"
-
-
-def _fault_delay() -> float | None:
-    rate = settings.value(FAULTS_ENV) or 0.0
-    return random.uniform(0.0, 3.0) if rate > 0 and random.random() < rate else None
-
-
-async def _run(body: Body[Any]) -> None:
-    """``body.run()``, or, under :data:`FAULTS_ENV`, cut short by an injected failure."""
-    delay = _fault_delay()
-    if delay is None:
-        await body.run()
-        return
-    inner = asyncio.ensure_future(body.run())
-    try:
-        await asyncio.wait_for(asyncio.shield(inner), delay)
-    except TimeoutError:
-        raise InjectedFault("injected owner failure") from None
-    finally:
-        if not inner.done():
-            inner.cancel()
-            with contextlib.suppress(BaseException):
-                await inner
 
 
 def _nothing() -> None:
@@ -270,10 +234,10 @@ class PartitionOwner(Generic[T]):
             if self.stopping:
                 return
             self.ready, self.ready_at = True, time.monotonic()
-            await _run(self.body)
+            await run_body(self.body.run)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure ends the owner; log_failure tells it
             if is_fenced(exc) or producer_fenced(self.producer):
                 self.failed = FencedOut(self.spec.name, self.partition)
                 self.fenced_at = time.monotonic()
@@ -282,9 +246,8 @@ class PartitionOwner(Generic[T]):
             else:
                 self.failed = exc
                 self.metrics.error(exc)
-                # Type only: an exception's message may carry payload fragments.
-                log.warning("owner of %s[%d] failed: %s", self.spec.name, self.partition, type(exc).__name__)
-                log.debug("owner of %s[%d] failed", self.spec.name, self.partition, exc_info=True)
+                # WARNING if routine (a broker went away...), else ERROR with its traceback.
+                log_failure(self.spec.name, self.partition, exc)
         finally:
             self.ready = False
 

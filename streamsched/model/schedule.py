@@ -188,6 +188,26 @@ class Request:
                 "max": self.max}
 
 
+@dataclass(frozen=True, slots=True)
+class RequestProgress:
+    """How far the ticker got with one operator request, kept beside its schedule's state.
+
+    The committed offset of the definitions partition says which requests are applied, but it
+    stops at the first request still waiting (its target cannot be written) and cannot say how
+    far a backfill got. So every state the ticker writes also carries the progress of its
+    schedule's requests that offset does not cover yet, in the same transaction as their fires:
+    a restarted ticker resumes a backfill after ``done_to`` and skips a request that is ``done``.
+    """
+
+    request_id: str
+    done_to: int | None
+    """A backfill's last boundary fired so far, or None (none yet, or a trigger)."""
+    fired: int
+    """Occurrences it fired so far (a backfill stops at its ``max``)."""
+    done: bool
+    """Applied in full: nothing of it fires again."""
+
+
 @dataclass(frozen=True)
 class ScheduleInfo:
     definition: Definition

@@ -227,15 +227,22 @@ def plan_producer(topics: Iterable[str], principal: str) -> list[Acl]:
     return plan.done()
 
 
-def format_plan(acls: list[Acl], *, as_json: bool = False) -> str:
-    """The plan as JSON (tooling) or as a table (resource, pattern, operation, principal, why)."""
+def format_plan(acls: list[Acl], *, as_json: bool = False, held: Iterable[Acl] | None = None) -> str:
+    """The plan as JSON (tooling) or as a table (principal, resource, pattern, name, operation,
+    why). With ``held`` (the bindings a cluster holds), each entry also says whether it is among
+    them: JSON ``"held": true|false``, a HELD column (yes/no) before WHY."""
+    held_keys = None if held is None else {a.key() for a in held}
     if as_json:
-        return json.dumps([a.as_dict() for a in acls], indent=2)
-    rows = [("PRINCIPAL", "RESOURCE", "PATTERN", "NAME", "OPERATION", "WHY")]
-    rows += [(a.principal, a.resource_type, a.pattern_type, a.resource_name, a.operation, a.why)
+        return json.dumps([a.as_dict() | ({} if held_keys is None else {"held": a.key() in held_keys})
+                           for a in acls], indent=2)
+    extra = () if held_keys is None else ("HELD",)
+    rows = [("PRINCIPAL", "RESOURCE", "PATTERN", "NAME", "OPERATION", *extra, "WHY")]
+    rows += [(a.principal, a.resource_type, a.pattern_type, a.resource_name, a.operation,
+              *(() if held_keys is None else ("yes" if a.key() in held_keys else "no",)), a.why)
              for a in acls]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
+    columns = len(rows[0]) - 1  # every column but WHY is padded
+    widths = [max(len(r[i]) for r in rows) for i in range(columns)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:columns], widths, strict=True)) + "  " + r[-1]
                      for r in rows)
 
 
@@ -309,7 +316,8 @@ def add_acl_arguments(parser: argparse.ArgumentParser, fn: Any = None) -> None:
     from streamsched.ops.cli.grammar import Parser, add_connection, add_output
 
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=Parser)
-    for name, text in (("plan", "print the ACLs a role needs (no Kafka needed)"),
+    for name, text in (("plan", "print the ACLs a role needs (no Kafka needed; with --config, which "
+                                "ones the cluster holds)"),
                        ("apply", "create the ACLs a role needs (as an operator allowed to alter ACLs)")):
         p = actions.add_parser(name, help=text, description=text[:1].upper() + text[1:])
         p.add_argument("--role", choices=ROLES, default="scheduler",
@@ -333,6 +341,10 @@ def add_acl_arguments(parser: argparse.ArgumentParser, fn: Any = None) -> None:
                        help="producer role: a transition topic it produces to (repeatable)")
         if name == "plan":
             add_output(p, json_alias="--format")
+            p.add_argument("--config", default=None, metavar="FILE",
+                           help="a connection file (this flag only, no variable): also show which of the "
+                                "ACLs the cluster it names holds already, as `acl apply --config FILE` "
+                                "would see them (column HELD; \"held\" in json)")
         else:
             add_output(p, default="json", json_alias=None)
             add_connection(p)
@@ -376,13 +388,19 @@ def plan_from_args(args: argparse.Namespace) -> list[Acl]:
 
 
 def run_acl(args: argparse.Namespace) -> int:
-    """``acl plan`` prints the plan; ``acl apply`` creates it (as an operator allowed to alter
-    ACLs) and prints ``{"applied": N, "principals": [...]}``."""
+    """``acl plan`` prints the plan (with ``--config``, whether the cluster holds each binding
+    already: what ``acl apply`` would add); ``acl apply`` creates it (as an operator allowed to
+    alter ACLs) and prints ``{"applied": N, "principals": [...]}``."""
+    from streamsched.ops.config import resolve_connection
+
     acls = plan_from_args(args)
     if args.action == "plan":
-        print(format_plan(acls, as_json=args.output == "json"))
+        held = None
+        if args.config is not None:
+            # The file's connection, as `acl apply --config FILE` resolves it (flags aside).
+            held = asyncio.run(describe(resolve_connection({"config": args.config})))
+        print(format_plan(acls, as_json=args.output == "json", held=held))
         return 0
-    from streamsched.ops.config import resolve_connection
 
     applied = asyncio.run(apply(resolve_connection(args), acls))
     from streamsched.ops.cli.output import show

@@ -115,15 +115,43 @@ def ensure_jars(version: str | None = None, *, quiet: bool = True) -> Path:
 
 
 def run_mvn(args: list[str], *, cwd: Path, what: str, quiet: bool = True,
-            error: type[StreamschedError] = BrokerError) -> None:
-    """Run ``mvn -B`` with ``args`` in ``cwd``; ``error`` (naming ``what``) when mvn is missing or fails."""
+            error: type[StreamschedError] = BrokerError, log: Path | None = None) -> None:
+    """Run ``mvn -B`` with ``args`` in ``cwd``; ``error`` (naming ``what``) when mvn is missing or fails.
+
+    A failure is one line, Maven's own reason (:func:`mvn_reason`); all of its output goes to
+    ``log`` (default ``cwd/mvn.log``), which the line names."""
     if shutil.which("mvn") is None:
         raise error(f"mvn is not on PATH; it is needed once to fetch {what}")
     proc = subprocess.run(["mvn", "-B", "-q" if quiet else "-e", *args], cwd=cwd, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-2000:]
-        raise error(f"mvn could not resolve {what}: {tail}")
+        log = log or cwd / "mvn.log"
+        output = proc.stdout + proc.stderr
+        try:
+            log.write_text(output)
+            where = f" (Maven's output: {log})"
+        except OSError:
+            where = ""
+        raise error(f"mvn could not resolve {what}: {mvn_reason(output, proc.returncode)}{where}")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_HELP_LINK = re.compile(r"\s*-> \[Help \d+\]$")
+_ARTIFACT_REASON = re.compile(r"Could not (?:find|transfer) artifact .*")
+
+
+def mvn_reason(output: str, returncode: int) -> str:
+    """Maven's reason for a failure in one line: its first ``[ERROR]`` line without colour codes
+    or help link, narrowed to the artifact it could not find or download when it names one (the
+    rest of that line repeats the project and every artifact; a new user needs the first)."""
+    lines = [_ANSI.sub("", line).strip() for line in output.splitlines()]
+    errors = [line.removeprefix("[ERROR]").strip() for line in lines if line.startswith("[ERROR]")]
+    first = next((e for e in errors if e), None) or next((ln for ln in reversed(lines) if ln), None)
+    if first is None:
+        return f"exit code {returncode}, no output"
+    first = _HELP_LINK.sub("", first)
+    artifact = _ARTIFACT_REASON.search(first)
+    return artifact.group(0) if artifact else first
 
 
 _LOG4J = """\

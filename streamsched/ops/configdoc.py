@@ -58,10 +58,11 @@ def reference_markdown() -> str:
         "# Configuration reference\n\n",
         "Generated from `streamsched/settings.py` and `streamsched/ops/config.py` by "
         "`make config-doc`; do not edit by hand.\n\n",
-        "Every command checks each `STREAMSCHED_*` variable that is set before it starts: a bad value "
-        "is one line on stderr naming the variable (never a secret's value) and exit code 2. An "
-        "empty variable counts as unset. Variables with other names under the prefix are left "
-        "alone (an app may use it).\n\n",
+        "Every command checks the `STREAMSCHED_*` variables it reads before it starts (the "
+        "connection's, if it connects; the others as their description names the command): a bad "
+        "value is one line on stderr naming the variable (never a secret's value) and exit code 2. "
+        "A variable only other commands read is not looked at. An empty variable counts as unset. "
+        "Variables with other names under the prefix are left alone (an app may use it).\n\n",
         "Durations have one syntax everywhere: `30s`, `5m`, `36h`, `7d`; a bare number is seconds. "
         "Choices such as log levels are accepted in any case. Booleans are `true`/`false`, "
         "`1`/`0`, `yes`/`no` or `on`/`off`.\n\n",

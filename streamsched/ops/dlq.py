@@ -5,16 +5,14 @@ terminal handler failure) to the dead-letter topic inside the transaction that m
 offset past it, as an Avro ``DeadLetter`` holding the original value and key byte for byte (see
 :mod:`streamsched.worker.turn`). This module reads those records back.
 
-* :func:`list_dead_letters` pages through the topic under ``read_committed`` and returns at most
-  ``limit`` :class:`DeadLetterView` rows. A DLQ record that does not decode is shown as kind
-  ``"corrupt"`` with its (payload-free) decode reason instead of raising.
+* :func:`list_dead_letters` (from :mod:`streamsched.ops.dlq_list`, with the paged reads both
+  use) lists them, newest first; :func:`format_dead_letters` renders them as a table.
 * :func:`replay` re-produces each selected dead letter's original value, with its original key,
   to its source topic and partition, unchanged: the event keeps its business identity, so a
   record whose outcome is already stored (every ``terminal`` one: its outcome is ``FAILED``) is
   released by the worker without running again. Replay is for re-driving records after a fix
   (for example a corrected handler that now reads stored outcomes differently, or a producer
   bug fixed upstream); it never bypasses the worker's deduplication.
-* :func:`format_dead_letters` renders views as a table for the CLI.
 
 Progress and delivery guarantee of :func:`replay`
     Replay progress is kept in the consumer group ``streamsched.dlq-replay.<dlq_topic>``: its
@@ -44,43 +42,33 @@ Progress and delivery guarantee of :func:`replay`
     dead-letters again meanwhile are not picked up by the same call. Concurrent replays of one
     DLQ are not coordinated (they may both send: harmless duplicates).
 
-Nothing here prints, logs or puts into an exception the original bytes or key.
-
-Why one module above ~400 lines: listing and replay page through the same topic with the same
-decoding, safe views and progress group; the record format itself is in
-:mod:`streamsched.wire.dead_letter`.
+Nothing here prints, logs or puts into an exception the original bytes or key. The record
+format itself is in :mod:`streamsched.wire.dead_letter`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as _dt
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from streamsched.errors import ConfigError, InvalidName
 from streamsched.kafka import clients
-from streamsched.kafka.admin import described_partition_counts
-from streamsched.kafka.protocols import (
-    ConsumerRecord,
-    GroupConsumer,
-    Producer,
-    SentRecord,
-    TopicPartitionLike,
-)
+from streamsched.kafka.protocols import GroupConsumer, Producer, SentRecord, TopicPartitionLike
 from streamsched.model.limits import MAX_DEAD_LETTER_BYTES, check_range
 from streamsched.model.names import validate_name
-from streamsched.wire.dead_letter import (
-    _KIND,
-    CORRUPT,
-    NO_VALUE_REASON,
-    DeadLetterView,
-    safe_text,
-    view_dead_letter,
+from streamsched.ops.dlq_list import (
+    PAGE_SIZE,
+    check_dlq_topic,
+    dlq_consumer,
+    format_dead_letters,
+    list_dead_letters,
+    pages,
+    partition_count,
 )
+from streamsched.wire.dead_letter import _KIND, CORRUPT, NO_VALUE_REASON, DeadLetterView, view_dead_letter
 
 __all__ = [
     "CORRUPT",
@@ -94,15 +82,9 @@ __all__ = [
 ]
 
 REPLAY_GROUP_PREFIX: Final = "streamsched.dlq-replay."
-PAGE_SIZE: Final = 100
-"""Records fetched per page; memory is bounded by ``limit`` plus one page."""
-MAX_LIST = 100_000
 MAX_REPLAY = 1_000_000
 MAX_MARKS: Final = 16
 """Per-kind watermarks kept in the commit metadata (Kafka allows 4,096 bytes by default)."""
-IDLE_TIMEOUT_S: Final = 30.0
-"""A partition read that makes no progress for this long fails with TimeoutError."""
-
 
 
 def replay_group(dlq_topic: str) -> str:
@@ -136,82 +118,6 @@ class ReplayReport:
                 "skipped": dict(self.skipped), "by_source_topic": dict(self.by_source_topic),
                 "already_replayed": self.already_replayed, "unreplayable": dict(self.unreplayable),
                 "scanned": self.scanned, "limited": self.limited}
-
-
-# --------------------------------------------------------------------------------------------
-# Kafka plumbing
-
-
-async def _partition_count(admin: Any, topic: str) -> int | None:
-    return (await described_partition_counts(admin, [topic])).get(topic)
-
-
-def _consumer(bootstrap: clients.Conn, group: str | None) -> GroupConsumer:
-
-    return clients.consumer(bootstrap, group_id=group, max_partition_fetch_bytes=1024 * 1024)
-
-
-async def _pages(consumer: GroupConsumer, tp: TopicPartitionLike, end: int,
-                 page: int) -> AsyncIterator[list[ConsumerRecord]]:
-    """Pages of at most ``page`` records of ``tp`` below ``end`` (the caller has sought)."""
-    deadline = time.monotonic() + IDLE_TIMEOUT_S
-    while await consumer.position(tp) < end:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"reading {tp.topic}[{tp.partition}] made no progress "
-                               f"in {IDLE_TIMEOUT_S:.0f}s")
-        batch = await consumer.getmany(tp, timeout_ms=500, max_records=page)
-        records = [r for r in batch.get(tp, ()) if r.offset < end]
-        if records:
-            deadline = time.monotonic() + IDLE_TIMEOUT_S
-            yield records
-
-
-def _check_topic(dlq_topic: str) -> None:
-    validate_name(dlq_topic, "topic", internal=True)
-
-
-# --------------------------------------------------------------------------------------------
-# list
-
-
-async def list_dead_letters(bootstrap: clients.Conn, dlq_topic: str, *, limit: int = 100,
-                            kind: str | None = None) -> list[DeadLetterView]:
-    """At most ``limit`` dead letters of ``dlq_topic`` (of ``kind`` if given), oldest first per
-    partition, partitions in order. Reads with ``read_committed``; undecodable records come back
-    as kind ``"corrupt"``. Raises :class:`ConfigError` if the topic does not exist."""
-    from aiokafka import TopicPartition
-
-    _check_topic(dlq_topic)
-    check_range("limit", limit, 0, MAX_LIST)
-    out: list[DeadLetterView] = []
-    if limit == 0:
-        return out
-    admin = clients.admin(bootstrap)
-    await admin.start()
-    try:
-        n = await _partition_count(admin, dlq_topic)
-    finally:
-        await admin.close()
-    if n is None:
-        raise ConfigError(f"topic {dlq_topic} does not exist")
-    consumer = _consumer(bootstrap, None)
-    await consumer.start()
-    try:
-        for p in range(n):
-            tp = TopicPartition(dlq_topic, p)
-            consumer.assign([tp])  # one partition at a time: no prefetch of the others
-            await consumer.seek_to_beginning(tp)
-            end = (await consumer.end_offsets([tp]))[tp]
-            async for records in _pages(consumer, tp, end, PAGE_SIZE):
-                for rec in records:
-                    view = view_dead_letter(rec)
-                    if kind is None or view.kind == kind:
-                        out.append(view)
-                        if len(out) >= limit:
-                            return out
-        return out
-    finally:
-        await consumer.stop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,7 +206,7 @@ async def replay(bootstrap: clients.Conn, dlq_topic: str, *, kinds: set[str] | N
     """
     from aiokafka import TopicPartition
 
-    _check_topic(dlq_topic)
+    check_dlq_topic(dlq_topic)
     check_range("limit", limit, 0, MAX_REPLAY)
     if kinds is not None:
         kinds = set(kinds)
@@ -314,12 +220,12 @@ async def replay(bootstrap: clients.Conn, dlq_topic: str, *, kinds: set[str] | N
     consumer: GroupConsumer | None = None
     producer: Producer | None = None
     try:
-        n = await _partition_count(admin, dlq_topic)
+        n = await partition_count(admin, dlq_topic)
         if n is None:
             raise ConfigError(f"topic {dlq_topic} does not exist")
         tps = [TopicPartition(dlq_topic, p) for p in range(n)]
         committed = await admin.list_consumer_group_offsets(group, partitions=tps)
-        consumer = _consumer(bootstrap, group)
+        consumer = dlq_consumer(bootstrap, group)
         await consumer.start()
         if not dry_run:
             producer = clients.producer(bootstrap, linger_ms=5,
@@ -368,7 +274,7 @@ async def _replay_partition(admin: Any, consumer: GroupConsumer, producer: Produ
 
     consumer.seek(tp, start)
     stopped = False
-    async for records in _pages(consumer, tp, end, PAGE_SIZE):
+    async for records in pages(consumer, tp, end, PAGE_SIZE):
         futures = []
         for rec in records:
             if report.replayed >= limit:
@@ -414,7 +320,7 @@ async def _decide(admin: Any, producer: Producer | None, view: DeadLetterView, p
         report.unreplayable["invalid_source"] = report.unreplayable.get("invalid_source", 0) + 1
         return None
     if topic not in partitions:
-        partitions[topic] = await _partition_count(admin, topic)
+        partitions[topic] = await partition_count(admin, topic)
     count = partitions[topic]
     problem = ("missing_source" if count is None
                else "missing_partition" if not 0 <= view.source_partition < count else None)
@@ -431,30 +337,3 @@ async def _decide(admin: Any, producer: Producer | None, view: DeadLetterView, p
                                partition=view.source_partition)
 
 
-# --------------------------------------------------------------------------------------------
-# format
-
-
-def _when(at_ns: int) -> str:
-    if at_ns <= 0:
-        return "-"
-    try:
-        moment = _dt.datetime.fromtimestamp(at_ns / 1e9, tz=_dt.UTC)
-    except (OverflowError, OSError, ValueError):
-        return "-"
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def format_dead_letters(views: Iterable[DeadLetterView]) -> str:
-    """A plain-text table of ``views`` (safe fields only; never the original bytes or key)."""
-    header = ("PARTITION", "OFFSET", "KIND", "SOURCE", "SRC_PARTITION", "SRC_OFFSET", "ATTEMPT",
-              "AT (UTC)", "REASON")
-    rows = [header]
-    for v in views:
-        rows.append((str(v.partition), str(v.offset), safe_text(v.kind, 64),
-                     safe_text(v.source_topic, 80) or "-", str(v.source_partition), str(v.source_offset),
-                     str(v.attempt), _when(v.at_ns), safe_text(v.reason, 80)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.append(f"{len(rows) - 1} dead letter(s)")
-    return "\n".join(lines)

@@ -4,7 +4,9 @@ Given an event (the identity it resolves to under a scheduler) or a ``sched_`` i
 reads the compacted state partition the identity lives on to its end (read_committed, a page at
 a time, keeping only the identity's latest snapshot: memory stays bounded however large the
 partition) and reports the claim: status, fence, revision, owner, lease expiry, delivery ordinal,
-outcome kind, time and error kind, with the group's committed offset of the home partition.
+the attempt and the run it belongs to (a re-drive starts the next run at attempt 1), a parked
+retry's due time, outcome kind, time and error kind, with the group's committed offset of the
+home partition.
 
 What it prints is what the operator passed in plus the claim's own fields: never a payload, the
 event's tenant or target, another identity, or an error message (only its kind).
@@ -65,6 +67,14 @@ class IdentityView:
     lease_active: bool = False
     ordinal: int | None = None
     """Deliveries that claimed the identity so far (each claim mints the next ordinal)."""
+    attempt: int | None = None
+    """The last attempt of the current run whose result is recorded (0: none yet)."""
+    max_attempts: int | None = None
+    """The scheduler's retry policy: attempts a run has at most."""
+    run: int | None = None
+    """The current run: 1, and one more for every re-drive that reopened the identity."""
+    retry_due_ns: int | None = None
+    """When the retry the identity is parked for is due (None: not parked)."""
     outcome: str | None = None
     outcome_at_ns: int | None = None
     outcome_fence: int | None = None
@@ -213,7 +223,9 @@ async def inspect_identity(bootstrap: clients.Conn, scheduler: SchedulerDef, *,
             base, partition=p, found=True, status=st.status.value, fence=st.fence,
             revision=st.revision, owner=st.owner or None,
             lease_expires_ns=st.lease_expires_ns or None, lease_active=st.lease_active(now),
-            ordinal=st.ordinal, outcome=out.kind.value if out is not None else None,
+            ordinal=st.ordinal, attempt=st.attempt, max_attempts=scheduler.retry.maximum_attempts,
+            run=st.run, retry_due_ns=st.retry_due_ns if st.parked else None,
+            outcome=out.kind.value if out is not None else None,
             outcome_at_ns=out.at_ns if out is not None else None,
             outcome_fence=out.fence if out is not None else None,
             error_kind=out.error_kind if out is not None else None,
@@ -239,12 +251,17 @@ def format_view(v: IdentityView) -> str:
         lease = _when(v.lease_expires_ns) + (" (active)" if v.lease_active else "")
         rows += [("status", v.status or "-"), ("fence", str(v.fence)), ("revision", str(v.revision)),
                  ("owner", v.owner or "-"), ("lease expires", lease), ("deliveries claimed", str(v.ordinal)),
-                 ("outcome", v.outcome or "-"), ("outcome at", _when(v.outcome_at_ns)),
+                 ("attempt", f"{v.attempt} of {v.max_attempts}, run {v.run}")]
+        if v.retry_due_ns is not None:
+            rows.append(("retry due", f"{_when(v.retry_due_ns)} (attempt {(v.attempt or 0) + 1})"))
+        rows += [("outcome", v.outcome or "-"), ("outcome at", _when(v.outcome_at_ns)),
                  ("outcome fence", str(v.outcome_fence) if v.outcome_fence is not None else "-"),
                  ("error kind", v.error_kind or "-")]
     rows += [("committed offset", str(v.committed_offset) if v.committed_offset is not None else "-"),
              ("resolved", "yes: a redelivery releases without running" if v.resolved else
-              "no: the next delivery runs it" if not v.lease_active else "no: a claim is held"),
+              "no: a claim is held" if v.lease_active else
+              "no: parked for a retry, which a delivery before it is due joins" if v.retry_due_ns is not None
+              else "no: the next delivery runs it"),
              ("state records read", str(v.records_read))]
     for e in v.audit:
         rows.append(("re-drive", f"{_when(e.applied_ns)} {e.result}{' (' + e.why + ')' if e.why else ''} by "

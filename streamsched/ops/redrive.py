@@ -14,11 +14,17 @@ kind and since a time if asked; reopened and run again in one step).
 What is refused here is refused before anything is sent, with the reason counted in the
 report: ``live_claim``, ``succeeded`` (no ``--force``), ``nothing_stored`` (never claimed, or not
 failed yet: nothing to reopen).
+
+A re-drive starts a new run with the scheduler's whole retry policy, however it was asked for:
+the owner's reopen starts the identity's next run at attempt 0 (the count lives in the claim
+state, not in the event), and the event sent carries attempt 1 (a dead letter's original is the
+copy that failed last, which carries the attempt it ran as).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import getpass
 import sys
 import time
@@ -99,7 +105,9 @@ async def targets_from_dlq(bootstrap: clients.Conn, scheduler: SchedulerDef, *, 
                            since_ns: int | None = None, limit: int = MAX_REDRIVE) -> list[Target]:
     """The scheduler's dead letters as re-drive targets: each decodable original of its topic
     that the scheduler selects, one per identity (its latest dead letter's event)."""
-    views = await list_dead_letters(bootstrap, scheduler.dead_letter_topic, limit=limit, kind=kind)
+    # Oldest first, so a later dead letter of an identity replaces an earlier one below.
+    views = await list_dead_letters(bootstrap, scheduler.dead_letter_topic, limit=limit, kind=kind,
+                                    oldest=True)
     targets: dict[str, Target] = {}
     for v in views:
         if since_ns is not None and v.at_ns < since_ns:
@@ -175,8 +183,9 @@ async def redrive(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Ite
         request = RedriveRequest.new(t.identity, st.revision, principal=who, at_ns=now, reason=reason,
                                      force=force)
         if t.event is not None:
-            key, value, headers = redrive_record(request, encode_transition(t.event),
-                                                 route_key(t.event.tenant, t.event.target))
+            ev = t.event if t.event.attempt == 1 else dataclasses.replace(t.event, attempt=1)
+            key, value, headers = redrive_record(request, encode_transition(ev),
+                                                 route_key(ev.tenant, ev.target))
         else:
             key, value, headers = redrive_record(request, None, None)
         records.append((partition, key, value, headers))

@@ -8,7 +8,7 @@ What lives here:
 * :mod:`streamsched.outbox.sql` — the table, its statements and the two dialects (SQLite, the
   embedded default; PostgreSQL through psycopg 3 with ``FOR UPDATE SKIP LOCKED``);
 * :mod:`streamsched.outbox.deliver` — the default ``deliver``, publishing with
-  :class:`streamsched.kafka.producer.Producer`.
+  :class:`streamsched.kafka.producer.Producer` in the wire format of each topic's definition.
 
 Layer: the outbox imports ``model``, ``wire``, ``kafka``, ``errors`` and the cross-cutting
 ``metrics`` and ``failpoints``; never ``worker``, ``schedules`` or ``ops`` (``ops`` imports it

@@ -44,9 +44,9 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from streamsched import failpoints, tracing
 from streamsched.errors import ConfigError
@@ -59,6 +59,9 @@ from streamsched.model.names import validate_name
 from streamsched.model.retry import RetryPolicy, normalize_failure
 from streamsched.outbox import sql
 from streamsched.outbox.sql import Counts, DbConnection, Intent
+
+if TYPE_CHECKING:
+    from streamsched.kafka.admin import TopicSpec
 
 log = logging.getLogger("streamsched.outbox")
 
@@ -188,12 +191,14 @@ class Outbox:
         return await self._round(worker_id, deliver, 1) > 0
 
     async def relay(self, worker_id: str, stop: asyncio.Event, deliver: Deliver | None = None, *,
-                    kafka: Conn | None = None) -> None:
+                    kafka: Conn | None = None, topics: Iterable[TopicSpec] = ()) -> None:
         """Deliver intents until ``stop`` is set: rounds of up to ``batch_size`` claims, delivered
         concurrently; an empty round backs off (doubling up to ``idle_max_s``). Without
         ``deliver`` it publishes to Kafka through ``kafka`` (a bootstrap string or
-        :class:`~streamsched.kafka.clients.Connection`). Database errors are counted and retried;
-        they never end the loop."""
+        :class:`~streamsched.kafka.clients.Connection`), each intent in the wire format its
+        topic's definition in ``topics`` names (the envelope for a topic without one; see
+        :mod:`streamsched.outbox.deliver`). Database errors are counted and retried; they never
+        end the loop."""
         _check_worker(worker_id)
         if self._connect is None:
             self._need_dsn()  # a configuration error ends the relay; database errors do not
@@ -204,7 +209,7 @@ class Outbox:
             raise ConfigError("relay needs a deliver function or a Kafka connection (kafka=...)")
         from streamsched.outbox.deliver import KafkaDelivery
 
-        async with KafkaDelivery(kafka) as to_kafka:
+        async with KafkaDelivery(kafka, topics=topics) as to_kafka:
             await self._loop(worker_id, stop, to_kafka)
 
     def close(self) -> None:

@@ -11,12 +11,16 @@ A request stays in the topic after it is applied (the catalog client deletes old
 writes the next), and the ticker keeps the applied triggers of each schedule: that is how it
 knows a manual occurrence's feedback is for an occurrence it fired (:meth:`Requests.manual`).
 
-A backfill larger than one transaction's share continues in the next ticks (``done_to``, in
-memory). A restart in the middle fires it again from its start: the occurrences it fired
-before have the same identities, so target workers resolve them from their stored outcome. The
-same holds for a request applied after one that still waits (its schedule's target cannot be
-written now, :mod:`streamsched.schedules.targets`): the committed offset stops at the waiting
-one, so a restart applies the later ones again, with the same identities.
+A backfill larger than one transaction's share continues in the next ticks (``done_to``). The
+committed offset cannot say how far it got, nor that a request after one that still waits (its
+schedule's target cannot be written now, :mod:`streamsched.schedules.targets`) was applied: it
+stops at the first pending one. So every state the ticker writes carries the progress of its
+schedule's requests at or above that offset (:class:`~streamsched.model.schedule.RequestProgress`,
+a header of the state record), in the transaction that fires them: a restarted ticker resumes a
+backfill after its last fired boundary and does not apply a finished request again
+(:meth:`Requests.resume`). Only the newest :data:`~streamsched.wire.schedule.MAX_PROGRESS` of one
+schedule are kept; an older one, and one whose progress header cannot be read, is applied again
+from its start, with the same identities, which target workers resolve from their stored outcome.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from streamsched.metrics import Metrics
-from streamsched.model.schedule import MANUAL, Definition, HistoryRow, Request, State
+from streamsched.model.schedule import MANUAL, Definition, HistoryRow, Request, RequestProgress, State
 from streamsched.model.specs import At
+from streamsched.wire.schedule import MAX_PROGRESS
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +43,12 @@ class Entry:
     request: Request
     applied: bool = False
     done_to: int | None = None
-    """A backfill's last boundary fired so far (in this process), or None."""
+    """A backfill's last boundary fired so far, or None."""
     fired: int = 0
-    """Occurrences a backfill fired so far (in this process); it stops at its ``max``."""
+    """Occurrences a backfill fired so far; it stops at its ``max``."""
+
+    def progress(self) -> RequestProgress:
+        return RequestProgress(self.request.request_id, self.done_to, self.fired, self.applied)
 
 
 class Requests:
@@ -64,6 +72,25 @@ class Requests:
         for key, e in self.by_key.items():
             if e.offset < self.applied_to:
                 self.by_key[key] = replace(e, applied=True)
+
+    def resume(self, progress: Mapping[str, Mapping[str, RequestProgress]]) -> None:
+        """Take up what the restored states say of the pending requests (``progress`` by
+        schedule name, then request id): a finished one is applied, a backfill resumes."""
+        for key, e in self.by_key.items():
+            done = progress.get(e.request.name, {}).get(e.request.request_id)
+            if not e.applied and done is not None:
+                self.by_key[key] = replace(e, applied=done.done, done_to=done.done_to, fired=done.fired)
+
+    def progress(self, updates: Mapping[str, Entry], covered_to: int) -> dict[str, list[RequestProgress]]:
+        """What a state written now carries, by schedule name: the progress of its requests (as
+        ``updates`` leave them) that the committed offset ``covered_to`` does not cover, the
+        newest :data:`MAX_PROGRESS` (module docs)."""
+        uncovered = sorted((e for e in {**self.by_key, **updates}.values()
+                            if e.offset >= covered_to and (e.applied or e.fired)), key=lambda e: e.offset)
+        out: dict[str, list[RequestProgress]] = {}
+        for e in uncovered:
+            out.setdefault(e.request.name, []).append(e.progress())
+        return {name: items[-MAX_PROGRESS:] for name, items in out.items()}
 
     def pending(self) -> list[tuple[str, Entry]]:
         """The requests not applied yet, in log order."""
@@ -122,8 +149,8 @@ class Batch:
     fence: int
     put: Callable[[State], None]
     record: Callable[[State, HistoryRow], State]
-    events: list[tuple[str, bytes, bytes]]
-    occurrence: Callable[[Definition, int], tuple[str, bytes, bytes]]
+    fire: Callable[[Definition, int], None]
+    """Write the occurrence of a definition planned at a time."""
     writable: Callable[[str], Awaitable[bool]]
     more: bool = field(default=False)
     """A request has more to fire than this transaction took."""
@@ -164,7 +191,7 @@ async def apply_pending(requests: Requests, defs: Mapping[str, Definition], stat
             done = replace(entry, applied=finished, fired=entry.fired + len(planned),
                            done_to=planned[-1] if planned else entry.done_to)
         for t in planned:
-            b.events.append(b.occurrence(defn, t))
+            b.fire(defn, t)
             st = b.record(st, HistoryRow(defn.schedule_id, f"{defn.schedule_id}/{t}", t, 1, "RUNNING", b.now,
                                          req.kind, MANUAL))
         if planned:

@@ -5,8 +5,9 @@ leader election and nothing "checks leadership". Each owned partition runs on th
 runtime (:mod:`streamsched.kafka.owner`) with a transactional producer bound to it
 (``streamsched:ticker:<catalog>:<p>``): a new owner's ``init_transactions`` fences the old
 one, and the runtime never starts an owner for a partition the ticker does not hold right then
-(rebalance callbacks and restarts are serialised by one lock). What one partition does, and
-what it trusts, is :mod:`streamsched.schedules.tick`.
+(rebalance callbacks and restarts are serialised by one lock). How one partition is restored is
+:mod:`streamsched.schedules.restore`; what it does, and what it trusts, is
+:mod:`streamsched.schedules.tick`.
 """
 
 from __future__ import annotations
@@ -23,13 +24,9 @@ from streamsched.kafka.txn import RETRY_BACKOFF_MS, TRANSACTION_TIMEOUT_MS
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_id
 from streamsched.schedules.catalog import Catalog
-from streamsched.schedules.tick import (
-    LOOKAHEAD_NS,
-    MAX_FIRES_PER_TXN,
-    PartitionTicker,
-    TickContext,
-    fired_by_us,
-)
+from streamsched.schedules.feedback import fired_by_us
+from streamsched.schedules.restore import restore
+from streamsched.schedules.tick import LOOKAHEAD_NS, MAX_FIRES_PER_TXN, PartitionTicker, TickContext
 
 __all__ = ["LOOKAHEAD_NS", "MAX_FIRES_PER_TXN", "PartitionTicker", "TickContext", "Ticker", "TickerConfig",
            "fired_by_us"]
@@ -82,12 +79,7 @@ class Ticker:
         return self.member.given_up
 
     async def _restore(self, owner: PartitionOwner[PartitionTicker]) -> Body[PartitionTicker]:
-        pt = PartitionTicker(self.context, owner)
-        try:
-            await pt.restore()
-        except BaseException:
-            await pt.close()
-            raise
+        pt = await restore(self.context, owner)
         return Body(part=pt, run=pt.run, wake=pt.wake.set, close=pt.close)
 
     async def run(self, stop: asyncio.Event) -> None:

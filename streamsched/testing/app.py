@@ -14,7 +14,8 @@ real worker because it IS the worker's code (see :mod:`streamsched.testing.virtu
 the claim state machine, the due index, the transaction shapes, dead letters, parking, offsets,
 on :mod:`streamsched.testing.fakes`, which model transactions, the last stable offset, abort
 markers and fencing. What it does not model is what the fakes leave out (replication, rebalances,
-timeouts, request sizes) and real-time waits (see :mod:`streamsched.testing.virtual`).
+timeouts, request sizes); the worker's own waits run on the virtual clock, only its guards
+(a lease's end, a transaction's deadline) stay in real time (see :mod:`streamsched.testing.virtual`).
 
 Every call that writes (``emit``, ``produce``, ``advance``) returns once everything it caused is
 resolved and committed, so the test reads the result right after, never polls.

@@ -125,7 +125,7 @@ def ensure_registry(version: str = APICURIO_VERSION, *, quiet: bool = True) -> P
         # mvn resolves it through the local repository (~/.m2), so a re-fetch is a local copy.
         run_mvn(["dependency:copy", f"-Dartifact={ARTIFACT.format(version=version)}",
                  f"-DoutputDirectory={work}"], cwd=work, what=f"Apicurio Registry {version}",
-                quiet=quiet, error=RegistryError)
+                quiet=quiet, error=RegistryError, log=home.with_name(f"{home.name}.mvn.log"))
         archives = list(work.glob("*.tar.gz"))
         if len(archives) != 1:
             raise RegistryError(f"mvn fetched no archive of Apicurio Registry {version}")

@@ -14,9 +14,13 @@ consumer-group member and sweeps the due index at ``time.time_ns()``; here the c
 :class:`~streamsched.testing.fakes.FakeConsumer` and the sweep reads the virtual clock. Each step
 mirrors the intake's, in the same order, so offsets commit exactly as a real worker's do.
 
-Two waits stay in real time because the code that makes them takes no clock: a retry that waits
-in place (at most 0.25 s, once per delivery, :mod:`streamsched.worker.execute`) and the lease
-timeout of a handler that suspends (an ``asyncio.timeout`` of the lease's remaining seconds).
+The worker's waits go through the virtual clock, so no settle or advance ever waits for a real
+timer: the partition loop's wait for its wake-up (:meth:`VirtualClock.wait_woken`: no real-time
+bound, since every move of the clock wakes every runner) and a retry that waits in place
+(:meth:`VirtualClock.sleep`: no real time passes, and no virtual time either, as the clock moves
+only in ``advance``). Guards that never fire while the worker makes progress stay real: the
+lease timeout of a handler that suspends and the transaction deadline (a handler that never
+returns is still cancelled when its lease ends, in real seconds).
 """
 
 from __future__ import annotations
@@ -44,6 +48,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Clocked", "SchedulerRig", "VirtualClock"]
 
+SPINS_BEFORE_POLL = 200
+"""Loop iterations a settle yields without progress before it polls instead (a handler awaiting
+real I/O: a stub's network call, a user's own timer)."""
+POLL_S = 0.002
+"""Real seconds between a settle's rounds once it polls: under the few milliseconds the test
+kit's own waits stay within (tests/testing/test_app_realtime.py checks that)."""
+
 
 class VirtualClock:
     """UTC nanoseconds that move only when told (``TestApp.advance``); never backwards."""
@@ -59,6 +70,17 @@ class VirtualClock:
 
     def set(self, ns: int) -> None:
         self.now_ns = max(self.now_ns, ns)
+
+    async def sleep(self, seconds: float) -> None:
+        """A wait that takes no real time: the time it stands for is virtual, and the virtual
+        clock moves only when the test advances it. It yields once, as a short sleep would."""
+        await asyncio.sleep(0)
+
+    async def wait_woken(self, wake: asyncio.Event, seconds: float) -> None:
+        """A partition loop's wait for its wake-up, with no real-time bound: what its timer
+        stands for (a re-check once time has passed) happens when the clock moves, which wakes
+        every runner (``TestApp.advance``)."""
+        await wake.wait()
 
 
 class Clocked(Protocol):
@@ -149,16 +171,18 @@ class SchedulerRig:
                                metrics=self.metrics, clock=self.clock, commit_interval_s=0.0,
                                partitions=n, feedback_lookup=lookup,
                                rng=random.Random(f"{self.seed}:{s.name}:{p}"),
-                               monotonic=self.clock)  # virtual time never goes back
+                               monotonic=self.clock,  # virtual time never goes back
+                               sleep=self.clock.sleep)
             resume = {tp: kafka.committed(s.group, tp.topic, tp.partition) or 0 for tp in pair}
             for tp, offset in resume.items():
                 self.consumer.seek(tp, offset)
             turns.offsets.seed(resume[pair[0]], resume[pair[1]])
             owner = _Owner(p, producer)
             runner = PartitionRunner(cast("PartitionOwner[PartitionRunner]", owner), s, turns,
-                                     cast("dict[Any, int]", resume))
+                                     cast("dict[Any, int]", resume), pause=self.clock.wait_woken)
             runner.resume = None  # sought above
             wake = runner.wake = _Wake()
+            turns.notify = wake.set  # an ending execution wakes the runner through this event
             task = asyncio.create_task(runner.run(), name=f"testapp-{s.name}-{p}")
             self.parts[p] = _Part(owner, runner, wake, pair, task)
 
@@ -213,6 +237,10 @@ class SchedulerRig:
         return all(p.wake.parked and not p.wake.is_set() and not p.runner.queue and p.runner.turns.idle
                    for p in self.parts.values())
 
+    def stepping(self) -> bool:
+        """A runner is in the middle of a step (not waiting on its wake-up)."""
+        return any(not p.wake.parked and not p.task.done() for p in self.parts.values())
+
     def next_due_ns(self) -> int | None:
         return self.due.next_due_ns()
 
@@ -239,7 +267,23 @@ class SchedulerRig:
         for part in self.parts.values():
             if not part.runner.queue:
                 self._skip_markers(part)
+            self._nudge(part)
         return moved
+
+    @staticmethod
+    def _nudge(part: _Part) -> None:
+        """Wake a runner whose only way on is its own real-time timer.
+
+        The runner waits on a timer only while claims run (each one's end wakes it) or while it
+        is idle; with a commit interval of 0 anything else makes it step at once. Intake's
+        bookkeeping (a parked record's delay offset) can leave it not idle behind its back: the
+        worker then re-checks when ``selection_wait_s`` passes, in real seconds. Here the
+        virtual clock is all the time there is, so that re-check happens now.
+        """
+        turns = part.runner.turns
+        if (part.wake.parked and not part.wake.is_set() and not turns.idle
+                and not turns.window.claimed):
+            part.wake.set()
 
     def _park(self, partition: int, records: list[FakeRecord], runner: PartitionRunner) -> None:
         for rec in records:
@@ -265,27 +309,33 @@ async def settle(rigs: list[SchedulerRig], clocked: list[Clocked], *, timeout_s:
     """Until nothing moves: every record read and resolved, every due item and tick done.
 
     Quiet before a round and nothing moved in it means quiet for good: a runner only leaves its
-    wait when a round hands it something (or its real-time idle timer re-checks, which finds
-    nothing new because nothing changed).
+    wait when a round hands it something (:meth:`SchedulerRig.intake` also wakes one left not
+    idle behind its back, so no real-time re-check is ever what moves it on).
+
+    No real timer paces this: while a runner is in the middle of a step, the loop just yields
+    to it (a round of intake then could find nothing it has not finished writing). Only a
+    handler that awaits real I/O makes rounds pass without progress; after
+    :data:`SPINS_BEFORE_POLL` of those it is polled every :data:`POLL_S` instead of spinning.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    spins = 0
+    stalled = 0
     while True:
-        was_quiet = all(r.quiet() for r in rigs)
-        moved = False
-        for rig in rigs:
-            moved |= await rig.intake()
-        for c in clocked:
-            moved |= await c.run_due()
-        if was_quiet and not moved and all(r.quiet() for r in rigs):
-            return
-        spins += 1
+        if not any(r.stepping() for r in rigs):
+            was_quiet = all(r.quiet() for r in rigs)
+            moved = False
+            for rig in rigs:
+                moved |= await rig.intake()
+            for c in clocked:
+                moved |= await c.run_due()
+            if was_quiet and not moved and all(r.quiet() for r in rigs):
+                return
+            if moved:
+                stalled = 0
+        stalled += 1
         if loop.time() > deadline:
             busy = [f"{r.s.name}[{p}]" for r in rigs for p, part in r.parts.items()
                     if not (part.wake.parked and not part.runner.queue)]
             raise TimeoutError(f"still working after {timeout_s:.0f}s (real time): "
                                f"{', '.join(busy) or 'ticker'} (a handler waiting for what never comes?)")
-        # Handlers doing no I/O settle in a few loop iterations; one awaiting a real timer
-        # (an in-place retry) is polled without spinning the CPU.
-        await asyncio.sleep(0 if spins < 200 else 0.002)
+        await asyncio.sleep(0 if stalled < SPINS_BEFORE_POLL else POLL_S)

@@ -1,10 +1,16 @@
 """Wire bytes of a claim snapshot (schema id 2) in the scheduler's compacted state topic.
 
 :func:`encode_claim` is the hot-path writer; :func:`decode_claim` the reader (restore).
+
+The snapshot's last three fields (``attempt``, ``run``, ``retry_due_ns``) came after 0.1.0. A
+snapshot written before them ends where they begin, and the reader gives them their schema
+defaults (Avro's resolution of appended fields), so a state topic written by 0.1.0 restores as it
+was. A worker of 0.1.0 cannot read the new snapshots (trailing bytes): no downgrade.
 """
 
 from __future__ import annotations
 
+from streamsched.errors import DecodeError
 from streamsched.model.claims import ClaimState, ClaimStatus, OutcomeKind
 from streamsched.wire.avro import MAGIC, SCHEMA_IDS, AvroCodec
 from streamsched.wire.avro_reader import Refused, _read_long
@@ -67,12 +73,31 @@ def encode_claim(st: ClaimState, identity: bytes | None = None) -> bytes:
         parts += [b"\x02", _KIND_BYTES[out.kind], _long(out.fence), _long(out.at_ns),
                   _long(out.events), _text(out.digest)]
         parts.append(b"\x00" if out.error_kind is None else b"\x02" + _text(out.error_kind.encode()))
+    attempt, run, due = st.attempt, st.run, st.retry_due_ns
+    parts += [small[attempt] if 0 <= attempt < 64 else _long(attempt),
+              small[run] if 0 <= run < 64 else _long(run), small[due] if 0 <= due < 64 else _long(due)]
     return b"".join(parts)
 
 
+_APPENDED_DEFAULTS = _long(0) + _long(1) + _long(0)
+"""``attempt``, ``run`` and ``retry_due_ns`` at their schema defaults: what a snapshot written
+before those fields existed reads as."""
+
+
 def decode_claim(value: bytes) -> ClaimState:
-    """The snapshot in ``value``; raises DecodeError, KeyError or ValueError if it is not one."""
-    return ClaimState.from_record(CLAIM_CODEC.decode(value))
+    """The snapshot in ``value``; raises DecodeError, KeyError or ValueError if it is not one.
+
+    A snapshot that ends where the appended fields begin (written before they existed) reads
+    with their defaults: attempt 0, run 1, nothing parked (see the module docs)."""
+    try:
+        record = CLAIM_CODEC.decode(value)
+    except DecodeError as exc:
+        if exc.reason != "truncated":
+            raise
+        # Avro fields are concatenated, so the old bytes followed by the defaults' encoding are
+        # exactly the current layout of the same snapshot; anything else still fails to decode.
+        record = CLAIM_CODEC.decode(bytes(value) + _APPENDED_DEFAULTS)
+    return ClaimState.from_record(record)
 
 
 def resolved_at(raw: bytes) -> int | None:

@@ -17,11 +17,17 @@ the catalog's definitions topic, on its schedule's partition, under the key
 compaction never merges it with the definition, and readers of definitions tell the two apart
 by the key alone. Its value is canonical JSON (sorted keys), checked field by field by
 :func:`decode_request`; the ticker skips and counts one that does not pass.
+
+A state record's headers (:func:`state_headers`) say what its Avro body cannot without a new
+schema, which records already written could not be read with: the definition version it was
+written for (:data:`VERSION_HEADER`) and how far the ticker got with the schedule's operator
+requests (:data:`PROGRESS_HEADER`, canonical JSON checked by :func:`decode_progress`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -29,7 +35,7 @@ from streamsched.errors import DecodeError, InvalidName
 from streamsched.model.instants import MAX_BOUNDARY_NS, MIN_BOUNDARY_NS
 from streamsched.model.jsonval import json_dumps, json_loads
 from streamsched.model.names import internal_topic, validate_name
-from streamsched.model.schedule import MAX_BACKFILL, Definition, Request
+from streamsched.model.schedule import MAX_BACKFILL, Definition, Request, RequestProgress
 from streamsched.wire.avro import AvroCodec
 
 DEFINITION_CODEC = AvroCodec("schedule_definition")
@@ -46,6 +52,14 @@ REQUEST_SEP: Final = "\x00request/"
 _REQUEST_ID: Final = re.compile(r"[0-9a-f]{32}")
 _REQUEST_FIELDS: Final = frozenset(("kind", "name", "version", "at_ns", "request_id", "from_ns", "to_ns",
                                     "max"))
+VERSION_HEADER: Final = "ss-version"
+"""State record header: the definition version the state was written for (decimal)."""
+PROGRESS_HEADER: Final = "ss-requests"
+"""State record header: the schedule's request progress (:func:`encode_progress`); absent when
+there is none."""
+MAX_PROGRESS: Final = 64
+"""Most request progress entries one state carries (the newest requests are kept)."""
+_PROGRESS_FIELDS: Final = frozenset(("done", "done_to", "fired"))
 
 
 def occurrence_origin(catalog: str, defn: Definition, planned_ns: int) -> str:
@@ -126,10 +140,10 @@ def encode_request(req: Request) -> bytes:
     return json_dumps(req.to_record())
 
 
-def _int(doc: dict[str, object], field: str, low: int, high: int) -> int:
+def _int(doc: dict[str, object], field: str, low: int, high: int, *, what: str = "request") -> int:
     value = doc[field]
     if type(value) is not int or not low <= value <= high:
-        raise DecodeError(f"request: {field}")
+        raise DecodeError(f"{what}: {field}")
     return value
 
 
@@ -159,3 +173,54 @@ def decode_request(key: str, value: bytes) -> Request:
     to_ns = _int(doc, "to_ns", from_ns, MAX_BOUNDARY_NS)
     return Request("backfill", name, version, at_ns, request_id, from_ns, to_ns,
                    _int(doc, "max", 1, MAX_BACKFILL))
+
+
+def encode_progress(items: Sequence[RequestProgress]) -> bytes:
+    """``{"<request-id>": {"done": ..., "done_to": ..., "fired": ...}}`` as canonical JSON."""
+    return json_dumps({p.request_id: {"done": p.done, "done_to": p.done_to, "fired": p.fired} for p in items})
+
+
+def decode_progress(value: bytes) -> tuple[RequestProgress, ...]:
+    """The entries :func:`encode_progress` wrote; :class:`DecodeError` naming the first bad part."""
+    doc = json_loads(value)
+    if not isinstance(doc, dict) or len(doc) > MAX_PROGRESS:
+        raise DecodeError("progress: entries")
+    out = []
+    for request_id, entry in doc.items():
+        if not _REQUEST_ID.fullmatch(request_id):
+            raise DecodeError("progress: request_id")
+        if not isinstance(entry, dict) or set(entry) != _PROGRESS_FIELDS or type(entry["done"]) is not bool:
+            raise DecodeError("progress: fields")
+        done_to = (None if entry["done_to"] is None
+                   else _int(entry, "done_to", MIN_BOUNDARY_NS, MAX_BOUNDARY_NS, what="progress"))
+        fired = _int(entry, "fired", 0, MAX_BACKFILL, what="progress")
+        out.append(RequestProgress(request_id, done_to, fired, entry["done"]))
+    return tuple(out)
+
+
+def state_headers(version: int, progress: Sequence[RequestProgress] = ()) -> list[tuple[str, bytes]]:
+    """The headers of a state record written for definition ``version`` (module docs)."""
+    headers = [(VERSION_HEADER, str(version).encode())]
+    if progress:
+        headers.append((PROGRESS_HEADER, encode_progress(progress)))
+    return headers
+
+
+def header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> bytes | None:
+    """The value of the last header ``name`` of a record, or None."""
+    found = None
+    for key, value in headers or ():
+        if key == name:
+            found = value
+    return found
+
+
+def written_for(headers: Sequence[tuple[str, bytes]] | None) -> int | None:
+    """The definition version a state record was written for, if its header says."""
+    value = header(headers, VERSION_HEADER)
+    if value is None:
+        return None
+    try:
+        return int(value.decode())
+    except (ValueError, UnicodeDecodeError):
+        return None

@@ -15,11 +15,14 @@ Kafka-native handler usually finishes in its first step, and a task plus an ``as
 per item were about 12 % of such a worker's CPU (py-spy). The timeout starts when the
 handler first suspends (a handler running without suspending cannot be interrupted by any
 asyncio timeout anyway), with the same deadline (the claim's lease).
+
+Every failed attempt logs one line saying what follows (:mod:`streamsched.worker.failurelog`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Generator
@@ -34,6 +37,7 @@ from streamsched.model.event import TransitionEvent
 from streamsched.model.fastinit import fast_init
 from streamsched.model.jsonval import json_dumps
 from streamsched.model.retry import RetryPolicy, compute_backoff, normalize_failure
+from streamsched.worker import failurelog
 from streamsched.worker.app import CommandContext, Emit, SchedulerDef, Turn
 
 IN_PLACE_RETRY_LIMIT_S = 0.25
@@ -58,6 +62,8 @@ class Execution:
     trace: tuple[tuple[str, bytes], ...] = ()
     """Trace headers of the execution's span (the emitted events carry them; empty without an
     OpenTelemetry SDK)."""
+    attempt: int = 0
+    """The last attempt that ran (0: none ran); the claim state records it with the release."""
 
 
 class Bounded:
@@ -124,14 +130,18 @@ class _Resumed:
 
 async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry: RetryPolicy,
                   clock: Callable[[], int], metrics: Metrics, rng: random.Random,
-                  on_suspend: Callable[[], None] | None = None) -> Execution | None:
+                  on_suspend: Callable[[], None] | None = None,
+                  sleep: Callable[[float], Awaitable[None]] | None = None) -> Execution | None:
     """Run the handler for ``ev`` under claim ``st``; None when an outcome is already stored.
-    ``on_suspend``: see :class:`Bounded`."""
+    ``on_suspend``: see :class:`Bounded`. ``sleep``: the wait of an in-place retry (default
+    ``asyncio.sleep``; the test kit's virtual clock passes one that takes no real time)."""
     if st.outcome is not None:
         metrics.inc("skipped_outcome")
         return None
     deadline = st.lease_expires_ns
-    attempt = ev.attempt
+    # The budget is the identity's (its claim state), never the record's: a duplicate or a
+    # re-driven dead letter carries whatever attempt it was written with.
+    attempt = st.attempt + 1
     waited_in_place = False
     bounded = Bounded(on_suspend)
     while True:
@@ -140,7 +150,8 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
                              schedule=ev.origin)
         commands = s.commands_type(s.name, s.commands, ctx)
         try:
-            await bounded.run(s.handler(Turn(ev, ctx, commands)), deadline, clock)
+            seen = ev if ev.attempt == attempt else dataclasses.replace(ev, attempt=attempt)
+            await bounded.run(s.handler(Turn(seen, ctx, commands)), deadline, clock)
         except Exception as exc:  # noqa: BLE001 - handlers may raise anything; it is normalized
             failure = normalize_failure(exc, attempt=attempt, policy=retry, now_ns=clock())
             metrics.error(exc)
@@ -150,24 +161,34 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
                 # One short step in place saves a delay-topic round trip for a blip; a second
                 # one would hold the healthy items of this batch again.
                 waited_in_place = True
+                failurelog.attempt_failed(s.name, st.identity, failure, f"retried in place in {delay:.2f} s",
+                                          exc)
                 bounded.note_suspend()  # the sleep would hold whatever runs after it in this task
                 metrics.inc("retries")
-                await asyncio.sleep(delay)
+                await (sleep or asyncio.sleep)(delay)
                 attempt += 1
                 continue
             if failure.retryable:
                 # Too long (or too often) to wait holding the partition: park it in the delay
                 # topic, release the claim without an outcome, and let the offset move on.
                 metrics.inc("retries_parked")
-                return Execution(park_until_ns=clock() + int(delay * 1e9), attempt_next=attempt + 1)
+                failurelog.attempt_failed(s.name, st.identity, failure, f"retry parked for {delay:.2f} s",
+                                          exc)
+                return Execution(park_until_ns=clock() + int(delay * 1e9), attempt_next=attempt + 1,
+                                 attempt=attempt)
             metrics.inc("terminal", kind=failure.cause_kind)
+            last = ("dead-lettered" if failure.category == "permanent"
+                    else f"dead-lettered after {failure.max_attempts} attempts")
+            failurelog.attempt_failed(s.name, st.identity, failure, last, exc)
             return Execution(outcome=Outcome(OutcomeKind.FAILED, st.fence, clock(),
                                              error_kind=failure.cause_kind),
-                             dead=("terminal", failure.cause_kind), category=failure.category)
+                             dead=("terminal", failure.cause_kind), category=failure.category,
+                             attempt=attempt)
         emits = tuple(commands.emitted)
         metrics.inc("executions")
         return Execution(outcome=Outcome(OutcomeKind.SUCCEEDED, st.fence, clock(), events=len(emits),
-                                         digest=_digest(commands.results, emits)), emits=emits)
+                                         digest=_digest(commands.results, emits)), emits=emits,
+                         attempt=attempt)
 
 
 def _digest(results: tuple[object, ...], emits: tuple[Emit, ...]) -> bytes:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from streamsched.errors import RegistryUnavailable
 from streamsched.kafka.owner import PartitionOwner
@@ -29,17 +29,27 @@ HOLD_LOOP_S = 0.002
 """Longest a partition's turns run back to back before letting the event loop serve others."""
 
 
+async def wait_woken(wake: asyncio.Event, seconds: float) -> None:
+    """Until ``wake`` is set or ``seconds`` pass (real time)."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(wake.wait(), seconds)
+
+
 class PartitionRunner:
     """The worker's body for one owned partition: its record queue and its turn loop."""
 
     def __init__(self, owner: PartitionOwner[PartitionRunner], scheduler: SchedulerDef, turns: TurnRunner,
-                 resume: dict[PartitionKey, int]) -> None:
+                 resume: dict[PartitionKey, int], *,
+                 pause: Callable[[asyncio.Event, float], Awaitable[None]] = wait_woken) -> None:
+        """``pause``: the loop's only timer, a wait for its wake-up bounded in seconds (the test
+        kit's virtual clock passes one that waits for the wake-up alone)."""
         self.owner = owner
         self.scheduler = scheduler
         self.turns = turns
         self.queue: deque[ConsumerRecord] = deque()
         self.wake = asyncio.Event()
         turns.notify = self.wake.set  # an execution that ends may free room or be released
+        self.pause = pause
         self.resume: dict[PartitionKey, int] | None = resume
         """Where intake seeks the transition and delay partitions before offering anything
         (None once done): records fetched before that belong to an earlier owner's position."""
@@ -95,8 +105,7 @@ class PartitionRunner:
                 await turns.step(None, flush_offsets=not self.queue)
                 continue
             self.wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), wait)
+            await self.pause(self.wake, wait)
 
     async def _schemas_loaded(self, records: list[ConsumerRecord]) -> bool:
         """Wait until the registry resolves every writer schema ``records`` name, retrying with
@@ -114,8 +123,7 @@ class PartitionRunner:
                     metrics.set_gauge("registry_waiting", 1, partition=partition)
                     log.warning("partition waits for the schema registry: %s", exc.reason)
                 self.wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), backoff)
+                await self.pause(self.wake, backoff)
                 if self.owner.stopping:
                     return False
                 backoff = min(backoff * 2, REGISTRY_BACKOFF_S[1])

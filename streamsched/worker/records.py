@@ -19,8 +19,8 @@ from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.kafka.writer import GroupedWriter
 from streamsched.metrics import Metrics
 from streamsched.model.event import TransitionEvent
-from streamsched.wire.dead_letter import dead_letter
-from streamsched.wire.delay import due_headers
+from streamsched.wire.dead_letter import UNKNOWN_OFFSET, dead_letter
+from streamsched.wire.delay import RecordRef, due_headers, parked_origin
 from streamsched.wire.transition import encode_transition
 from streamsched.worker.selection import Item
 
@@ -51,13 +51,25 @@ class Records:
         writer.add(self.topic, rec.value, key=rec.key, partition=home,
                    headers=[(k, bytes(v)) for k, v in rec.headers or ()])
 
+    def origin(self, rec: ConsumerRecord) -> RecordRef | None:
+        """The transition record ``rec`` stands for: itself if read from the transition topic;
+        for a parked copy, the origin it carries (``None``: not known, a copy parked before
+        origins were carried, or one whose origin is not on this scheduler's topic and partition,
+        which every parked copy shares with its origin)."""
+        if rec.topic != self.delay_topic:
+            return RecordRef(rec.topic, self.partition, rec.offset)
+        origin = parked_origin(rec.headers)
+        if origin is None or (origin.topic, origin.partition) != (self.topic, self.partition):
+            return None
+        return origin
+
     def park(self, rec: ConsumerRecord, event: TransitionEvent, until_ns: int, attempt: int,
              writer: GroupedWriter) -> None:
         """Write the record's event to the delay topic, due at ``until_ns`` (same key and
-        partition), carrying ``attempt``."""
+        partition), carrying ``attempt`` and its origin (through every hop)."""
         ev = event if attempt == event.attempt else dataclasses.replace(event, attempt=attempt)
         writer.add(self.delay_topic, encode_transition(ev), key=rec.key, partition=self.partition,
-                   headers=due_headers(until_ns))
+                   headers=due_headers(until_ns, self.origin(rec)))
         self.metrics.inc("parked")
 
     def audit(self, identity: str, entry: bytes, writer: GroupedWriter) -> None:
@@ -66,10 +78,13 @@ class Records:
 
     def dead_letter(self, rec: ConsumerRecord, event: TransitionEvent | None, dead: tuple[str, str],
                     writer: GroupedWriter, now_ns: int) -> None:
+        """A dead letter naming the transition record (``source_offset`` unknown, -1, for a parked
+        copy that does not carry it) and, for a delay-topic record, that copy too."""
         kind, reason = dead
-        dl = dead_letter(kind=kind, reason=reason,
-                         source_topic=self.topic if rec.topic == self.delay_topic else rec.topic,
-                         source_partition=self.partition, source_offset=rec.offset,
+        origin = self.origin(rec)
+        delay = RecordRef(rec.topic, self.partition, rec.offset) if rec.topic == self.delay_topic else None
+        dl = dead_letter(kind=kind, reason=reason, source_topic=self.topic, source_partition=self.partition,
+                         source_offset=UNKNOWN_OFFSET if origin is None else origin.offset,
                          attempt=event.attempt if event is not None else 1, at_ns=now_ns,
-                         original=rec.value, original_key=rec.key)
+                         original=rec.value, original_key=rec.key, delay=delay)
         writer.add(self.dlq_topic, dl.value, key=dl.key, partition=self.partition, headers=dl.headers)

@@ -3,7 +3,8 @@
 Everything here is decided from the record and the partition's claim state as the turn sees it
 now (``current``: committed state, or the open Kafka-native transaction's view); nothing is
 written. The guards (routing, duplicates, due times, another owner's lease) are described in
-:mod:`streamsched.worker.turn`.
+:mod:`streamsched.worker.turn`; a record of an identity parked for a retry joins that retry
+(:meth:`Selector.select`), so the identity keeps one retry budget.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ class Item:
     dead: tuple[str, str] | None = None
     """(kind, safe reason) of a record that is dead-lettered as it is (decode, bound, misrouted)."""
     follower: bool = False
-    """Another record of the same identity leads (earlier in the batch, or claimed in the window)."""
+    """Another record of the same identity leads (earlier in the batch, or claimed in the
+    window), or the identity is parked for a retry that this record joins: either way it does
+    not run, and nothing is written for it."""
     forward: int | None = None
     """The home partition of a record that arrived on another one (it is forwarded there)."""
     park_until_ns: int | None = None
@@ -235,6 +238,18 @@ class Selector:
             return None
         return now + left
 
+    def _runs_retry(self, it: Item, st: ClaimState, now: int) -> bool:
+        """Whether ``it`` runs the retry ``st`` is parked for (else it joins it): once the retry
+        is due, any record of the identity may (the first one read runs attempt
+        ``st.attempt + 1``; a later one joins what that run parks, or finds its outcome); before,
+        only the parked copy itself, so a clock stepping back between the due index's sweep and
+        this check never strands it. That copy is the delay-topic record carrying the next
+        attempt: whatever ran the retry since moved the state past it."""
+        if now >= st.retry_due_ns:
+            return True
+        ev = it.event
+        return it.record.topic == self.s.delay_topic and ev is not None and ev.attempt == st.attempt + 1
+
     def item(self, rec: ConsumerRecord) -> Item:
         """Decode one record and resolve its identity, or say why it is a dead letter."""
         failpoints.hit("after_select")
@@ -270,8 +285,16 @@ class Selector:
                 items[-1] = _follower(it)
                 self.metrics.inc("duplicates_in_batch")
                 continue
-            seen.add(it.identity)
             st = self.current(it.identity)
+            if st.parked and it.control is None and not self._runs_retry(it, st, now):
+                # The retry budget is the identity's: a record of it read while its retry is
+                # parked (the event published again, another copy) joins that retry instead of
+                # starting a count of its own. The parked copy runs it when due. (Not marked
+                # seen: the parked copy may come later in this batch.)
+                items[-1] = _follower(it)
+                self.metrics.inc("retry_joined")
+                continue
+            seen.add(it.identity)
             if it.event.due_ns > now and st.outcome is None:
                 # A future due time: wait in the delay topic, not in the partition, in hops of at
                 # most MAX_PARK_S (the delay topic's retention covers one hop; an early return

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from opentelemetry.trace import SpanKind
@@ -29,6 +29,7 @@ from streamsched.model.limits import MAX_DELIVERY_ATTEMPTS
 from streamsched.model.retry import RetryPolicy
 from streamsched.wire.control import AuditEntry
 from streamsched.wire.dead_letter import ATTEMPTS_EXHAUSTED, ATTEMPTS_EXHAUSTED_REASON
+from streamsched.worker import failurelog
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.checkpoint import Checkpoint, Marks
 from streamsched.worker.execute import Execution, execute
@@ -77,8 +78,11 @@ class PartitionSteps:
 
     def __init__(self, scheduler: SchedulerDef, partition: int, *, owner: str, metrics: Metrics,
                  clock: Callable[[], int], retry: RetryPolicy, feedback: FeedbackTopics,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
         self.scheduler = scheduler
+        self.sleep = sleep
+        """The wait of an in-place retry (see :func:`~streamsched.worker.execute.execute`)."""
         self.partition = partition
         self.owner = owner
         self.metrics = metrics
@@ -135,7 +139,8 @@ class PartitionSteps:
             # Lines logged while it runs name the item (streamsched.logs); no payload, no plaintext.
             with log_context(identity=st.identity, offset=rec.offset, fence=st.fence):
                 result = await execute(self.scheduler, ev, st, retry=self.retry, clock=self.clock,
-                                       metrics=self.metrics, rng=self.rng, on_suspend=on_suspend)
+                                       metrics=self.metrics, rng=self.rng, on_suspend=on_suspend,
+                                       sleep=self.sleep)
         failpoints.hit("after_effect")
         return Resolved(claim, result if result is not None else _RELEASE_ONLY)
 
@@ -147,13 +152,14 @@ class PartitionSteps:
         attributes: dict[str, str | int] = {
             "streamsched.scheduler": self.scheduler.name, "streamsched.partition": self.partition,
             "streamsched.offset": rec.offset, "streamsched.fence": st.fence,
-            "streamsched.attempt": ev.attempt, "streamsched.identity": st.identity}
+            "streamsched.attempt": st.attempt + 1, "streamsched.identity": st.identity}
         with tracing.span("streamsched.execute", parent=tracing.extract(rec.headers),
                           kind=SpanKind.CONSUMER, attributes=attributes) as current:
             with log_context(identity=st.identity, offset=rec.offset, fence=st.fence,
                              trace_id=tracing.current_trace_id()):
                 result = await execute(self.scheduler, ev, st, retry=self.retry, clock=self.clock,
-                                       metrics=self.metrics, rng=self.rng, on_suspend=on_suspend)
+                                       metrics=self.metrics, rng=self.rng, on_suspend=on_suspend,
+                                       sleep=self.sleep)
             outcome = result.outcome if result is not None else None
             current.set_attribute("streamsched.outcome", outcome.kind.value if outcome is not None
                                   else "released" if result is None else "parked")
@@ -218,16 +224,28 @@ class PartitionSteps:
             st = cp.current(it.identity)
             expected = claim.state.revision
             if ex.outcome is not None:
-                st = st.store_outcome(fence=fence, expected_revision=expected, outcome=ex.outcome)
+                st = st.store_outcome(fence=fence, expected_revision=expected, outcome=ex.outcome,
+                                      attempt=ex.attempt or None)
                 expected = st.revision
             for emit in ex.emits:
                 # Partitioned by key at flush; the trace headers are empty without an SDK.
                 cp.writer.add(emit.topic, emit.value, key=emit.key, headers=list(ex.trace) or None)
-            if ex.outcome is not None and it.event is not None and it.event.origin:
-                self._schedule_feedback(it.event, ex, cp)
-            cp.put(st.release(fence=fence, expected_revision=expected))
+            ev = it.event
+            if ev is not None and ex.attempt and ev.attempt != ex.attempt:
+                # The identity's attempt that ran last (its count), not the record's field: what
+                # the schedule's history and the dead letter report.
+                ev = dataclasses.replace(ev, attempt=ex.attempt)
+            if ex.outcome is not None and ev is not None and ev.origin:
+                self._schedule_feedback(ev, ex, cp)
+            if ex.park_until_ns is not None:
+                # Parked in the claim state too: a record of the identity read before the retry
+                # is due joins it (selection), and the retry runs attempt ex.attempt + 1.
+                cp.put(st.park(fence=fence, expected_revision=expected, attempt=ex.attempt,
+                               due_ns=ex.park_until_ns))
+            else:
+                cp.put(st.release(fence=fence, expected_revision=expected))
             if ex.dead is not None:
-                records.dead_letter(it.record, it.event, ex.dead, cp.writer, now)
+                records.dead_letter(it.record, ev, ex.dead, cp.writer, now)
             if ex.park_until_ns is not None and it.event is not None:
                 records.park(it.record, it.event, ex.park_until_ns, ex.attempt_next, cp.writer)
 
@@ -323,8 +341,11 @@ class PartitionSteps:
     def account(self, batch: Batch, results: Iterable[Resolved]) -> None:
         """Count a batch whose every item is resolved and committed."""
         m = self.metrics
-        dead = [r.execution.dead for r in results if r.execution.dead is not None]
-        dead += [it.dead for it in batch.items if it.dead is not None]
+        letters = [(r.claim.item, r.execution.dead, r.execution.attempt) for r in results
+                   if r.execution.dead is not None]
+        letters += [(it, it.dead, 0) for it in batch.items if it.dead is not None]
+        failurelog.dead_lettered(self.scheduler.name, letters)  # committed: one line each
+        dead = [d for _, d, _ in letters]
         m.inc("releases", len(batch.leaders))
         m.inc("dead_lettered", len(dead))
         forwarded = sum(1 for it in batch.items if it.forward is not None)

@@ -27,8 +27,9 @@ from typing import Any
 
 from streamsched.errors import DecodeError
 from streamsched.kafka import clients
-from streamsched.kafka.changelog import PartitionReader
+from streamsched.kafka.changelog import PartitionReader, replay
 from streamsched.kafka.progress import Progress
+from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import decode_claim, encode_claim
@@ -148,17 +149,14 @@ async def restore(conn: clients.Conn, topic: str, partition: int, *, horizon_s: 
     """Read ``topic[partition]`` to its end, a page at a time, into a :class:`PartitionState`
     (``timeout_s``: the longest the read may stall without progress). An end before ``min_end``
     (a read barrier's, :func:`streamsched.kafka.txn.read_barrier`) raises :class:`ChangelogBehind`."""
-    from streamsched.kafka.changelog import PartitionReader
-
     state = PartitionState(partition, horizon_s=horizon_s)
-    async with PartitionReader(conn, topic, partition, stall_s=timeout_s) as reader:
-        bounds = await reader.bounds(min_end=min_end)
-        progress = Progress(metrics, topic, partition, bounds.begin, bounds.end, "memory")
-        async for records, position in reader.pages(bounds.begin, bounds.end):
-            for rec in records:
-                state.apply_record(rec.value, rec.key)
-            progress.page(len(records), position)
-        progress.done()
+
+    def apply(records: list[ConsumerRecord]) -> None:
+        for rec in records:
+            state.apply_record(rec.value, rec.key)
+
+    await replay(conn, topic, partition, apply, kind="memory", metrics=metrics, stall_s=timeout_s,
+                 min_end=min_end)
     return state
 
 

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from streamsched.kafka import clients
 from streamsched.kafka.protocols import ConsumerRecord, TransactionalProducer
@@ -89,7 +89,8 @@ class TurnRunner:
                  feedback_lookup: Lookup | None = None, claim_first: bool | None = None,
                  txn_deadline_s: float = TXN_DEADLINE_S, rng: random.Random | None = None,
                  schemas: SchemaCache | None = None,
-                 monotonic: Callable[[], int] = time.monotonic_ns) -> None:
+                 monotonic: Callable[[], int] = time.monotonic_ns,
+                 sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
         """``partitions``: the transition topic's partition count (asked of the producer's
         metadata before the first batch when not given). ``feedback_lookup``: how a schedule
         feedback topic's partition count is found (default: an admin request via ``bootstrap``).
@@ -99,6 +100,8 @@ class TurnRunner:
         ``rng``: the source of retry jitter (seeded by tests that must replay exactly).
         ``schemas``: the worker's writer schemas of a registry-format topic. ``monotonic``:
         how long another owner's claim was watched is timed on it (virtual time in tests).
+        ``sleep``: the wait of an in-place retry (None: ``asyncio.sleep``; the test kit's takes no
+        real time).
         """
         self.scheduler = scheduler
         self.partition = partition
@@ -111,7 +114,7 @@ class TurnRunner:
         self.claim_first = claim_first if claim_first is not None else any(
             isinstance(c, ExternalCommand) for c in scheduler.commands.values())
         steps = PartitionSteps(scheduler, partition, owner=owner, metrics=metrics, clock=clock,
-                               retry=retry or scheduler.retry, rng=rng,
+                               retry=retry or scheduler.retry, rng=rng, sleep=sleep,
                                feedback=FeedbackTopics(feedback_lookup or admin_lookup(bootstrap), metrics))
         self._txn = txn = TxnSettings(producer, state, scheduler.state_topic, partition, metrics,
                                       txn_deadline_s,

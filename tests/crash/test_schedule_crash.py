@@ -1,19 +1,23 @@
-"""Tickers killed around their fire-and-advance transaction, contending and rebalancing:
-every occurrence fires exactly once (no duplicate, no gap), read with read_committed."""
+"""Tickers killed around their fire-and-advance transaction, contending and rebalancing, and in
+the middle of a backfill: every occurrence fires exactly once (no duplicate, no gap), read with
+read_committed."""
 
 from __future__ import annotations
 
 import signal
+import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import read_topic
+from streamsched.model.schedule import HistoryRow
 from streamsched.schedules.catalog import Catalog
 from streamsched.testing import WorkerProcess, wait_for
+from streamsched.wire.schedule import HISTORY_CODEC
 from streamsched.wire.transition import decode_transition
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.schedules]
@@ -86,3 +90,45 @@ async def test_contending_tickers_and_rebalance(bootstrap: str, tmp_path: Path) 
     await assert_exactly_once(bootstrap, target, catalog)
     logs = "".join((tmp_path / f"{n}.log").read_text() for n in "abc")
     assert "Traceback" not in logs
+
+
+@pytest.mark.parametrize("point", ["tick_before_commit", "tick_after_commit"])
+async def test_a_backfill_cut_off_by_a_kill_resumes_where_it_was(bootstrap: str, tmp_path: Path,
+                                                                  point: str) -> None:
+    catalog = Catalog(bootstrap, f"crash-{uuid.uuid4().hex[:8]}", partitions=4)
+    await catalog.ensure_topics()
+    target = f"occ-{uuid.uuid4().hex[:8]}"
+    await apply(bootstrap, [TopicSpec(target, 2)])
+    await catalog.schedule("job", "@every 1m", target)
+    now = time.time_ns()
+    # About 1,200 boundaries: three transactions of at most 512 (MAX_FIRES_PER_TXN).
+    receipt = await catalog.backfill("job", now - 1200 * 60 * 10**9, now, max=2000)
+    doomed = ticker(catalog, tmp_path / "doomed.log", STREAMSCHED_FAILPOINT=f"{point}:2").start()
+    assert await doomed.wait_exit(timeout=120) == -signal.SIGKILL
+    cut_off = await fired(bootstrap, target)
+    assert 0 < len(cut_off) < receipt.count  # killed midway through the backfill
+
+    async def all_fired() -> bool:
+        return set(receipt.occurrences) <= set(await fired(bootstrap, target))
+
+    survivor = ticker(catalog, tmp_path / "survivor.log").start()
+    try:
+        await wait_for(all_fired, timeout=120, what="the rest of the backfill")
+    finally:
+        assert survivor.terminate() == 0
+    occurrences = Counter(await fired(bootstrap, target))
+    assert [occ for occ, n in occurrences.items() if n > 1] == []  # none fired twice
+    rows = Counter(r.occurrence for r in await history(bootstrap, catalog, "job") if r.manual == "backfill")
+    assert rows == Counter(receipt.occurrences)  # one RUNNING row each: no duplicate history
+
+
+async def fired(bootstrap: str, target: str) -> list[str]:
+    return [decode_transition(rec.value).event_id for rec in await read_topic(bootstrap, target)]
+
+
+async def history(bootstrap: str, catalog: Catalog, name: str) -> list[HistoryRow]:
+    """Every history row of ``name`` ever committed (the raw log, before compaction keeps the last
+    256 slots): a row written twice shows twice here."""
+    return [HistoryRow.from_record(HISTORY_CODEC.decode(rec.value))
+            for rec in await read_topic(bootstrap, catalog.history_topic)
+            if rec.value is not None and rec.key is not None and rec.key.startswith(f"{name}/".encode())]

@@ -1,6 +1,6 @@
 """The fault matrix's black-box audit of a :class:`~tests.faults.fault_harness.Scenario`: Kafka
-read_committed and the SQLite ledger, never worker memory, and the workers' logs, where every
-error line must be one the scenario's fault explains.
+read_committed and the SQLite ledger, never worker memory. (The workers' logs are judged by
+:mod:`tests.faults.fault_logs`.)
 """
 
 from __future__ import annotations
@@ -9,84 +9,23 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from consumers.harness import Audit, Call, claim_history, ledger_calls, unresolved_below_commit
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from consumers.harness import Audit, Call, Workflow, claim_history, ledger_calls, unresolved_below_commit
 from consumers.harness import audit as harness_audit
 from streamsched.kafka.reads import group_lag, read_topic
+from streamsched.kafka.txn import TXN_DEADLINE_S
 from streamsched.model.claims import ClaimState, ClaimStatus
 from streamsched.model.names import internal_topic
+from streamsched.testing import wait_for
 from streamsched.wire.transition import decode_transition
-from tests.faults.fault_harness import Scenario
-
-EXPECTED_ERRORS = re.compile("|".join([
-    # aiokafka, while a coordinator or a node is unreachable or moves (seen in these scenarios):
-    r"ERROR aiokafka(\.\S+)? (Group Coordinator Request failed: \[Error 15\]"
-    r"|Heartbeat session expired|Unable connect to node with id \d+"
-    r"|Unable to update metadata from|Unable to request metadata from)",
-    # ...and a request to it (a fetch, a heartbeat, a coordinator lookup) that the client's
-    # request bound ended (kafka/compat.bound_requests) or that it did not send because the node
-    # was just skipped as unresponsive, or because the metadata no longer lists it (a broker cut
-    # off from the others is fenced, and its coordinators are looked up again elsewhere):
-    r"ERROR aiokafka(\.\S+)? (Failed fetch messages from \d+: (\[Error 7\] RequestTimedOutError"
-    r"|NodeNotReadyError)|Error sending HeartbeatRequest to node \d+ \[(\[Error 7\] RequestTimedOutError\]"
-    r"|NodeNotReadyError: )|Error sending (JoinGroup|SyncGroup|OffsetCommit|LeaveGroup)Request to node \d+ "
-    r"\[NodeNotReadyError: "
-    r"|Heartbeat send request failed: (\[Error 7\] RequestTimedOutError|NodeNotReadyError: )"
-    r"|Group Coordinator Request failed: (NodeNotReadyError|\[Error 7\] RequestTimedOutError))",
-]))
-"""ERROR lines a network fault explains. Nothing else may log at ERROR or CRITICAL, and no
-traceback may appear, except one ending in a connection-level Kafka error (:data:`EXPECTED_RAISES`)."""
-EXPECTED_RAISES = re.compile(r"^(aiokafka\.errors\.)?(KafkaConnectionError|RequestTimedOutError"
-                             r"|NodeNotReadyError|KafkaTimeoutError|GroupCoordinatorNotAvailableError)\b")
-BROKER_DOWN_ERRORS = re.compile("|".join([
-    r"ERROR aiokafka Unable connect to \"[\d.]+:\d+\": \[Errno 111\] Connect call failed",
-    r"ERROR aiokafka(\.\S+)? (Failed fetch messages from \d+: |Error sending HeartbeatRequest to node \d+ \["
-    r"|Heartbeat send request failed: )KafkaConnectionError: Connection at [\d.]+:\d+ closed",
-]))
-"""What a killed broker adds to :data:`EXPECTED_ERRORS`: its address refuses connections (aiokafka
-logs each bootstrap attempt to it by address; as ``node with id N`` once it knows the node,
-already expected), and the connections it had open close under a fetch or a heartbeat. Only
-the broker scenarios allow these: a network cut drops packets, it neither refuses nor closes,
-and a heartbeat to a node cut off times out instead (expected above)."""
-CUT_BROKER_ERRORS = re.compile("|".join([
-    r"ERROR aiokafka\.producer\.sender (Could not end transaction due to unexpected error: "
-    r"<class 'aiokafka\.errors\.UnknownError'>|Unexpected error in sender routine)$",
-    r"^(aiokafka\.errors\.)?UnknownError: \[Error -1\] UnknownError",
-]))
-"""What a broker cut off from the others adds to :data:`EXPECTED_ERRORS`: while it still takes
-itself for a transaction coordinator it can answer an EndTxn with UNKNOWN_SERVER_ERROR, which
-ends aiokafka's sender routine (the Java client fails the producer too); the owner then fails
-and restarts with a fresh producer. Only that error may end the routine: the traceback's last
-line must be this one."""
-BAD_LOG = ("was never retrieved", "Task was destroyed but it is pending")
-
-
-def _ends_traceback(line: str) -> bool:
-    """A traceback's exception line: the first line after it that is not indented."""
-    return bool(line) and not line.startswith((" ", "\t"))
-
-
-def unexpected_log_lines(text: str, *, allow: re.Pattern[str] | None = None) -> list[str]:
-    """Error lines no expected fault explains: any ``... was never retrieved``, any traceback
-    not ending in a connection-level error, any ERROR/CRITICAL line not in :data:`EXPECTED_ERRORS`
-    (nor in ``allow``: what a scenario's own fault explains, e.g. :data:`BROKER_DOWN_ERRORS`;
-    it may also name a traceback's last line)."""
-    bad: list[str] = []
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if any(b in line for b in BAD_LOG):
-            bad.append(line)
-        elif line.startswith("Traceback"):
-            tail = next((x for x in lines[i + 1:] if _ends_traceback(x)), "")
-            if not EXPECTED_RAISES.search(tail) and not (allow is not None and allow.search(tail)):
-                bad.append(f"{line} ... {tail}")
-        elif (re.search(r" (ERROR|CRITICAL) ", line) and not EXPECTED_ERRORS.search(line)
-              and not (allow is not None and allow.search(line))):
-            bad.append(line)
-    return bad
+from tests.faults.fault_harness import PARTITIONS, PROGRESS_S, Scenario
+from tests.faults.fault_logs import RestartBound, judge_logs, owner_restarts
+from tests.faults.fault_logs import unexpected_log_lines as unexpected_log_lines  # bench/soak.py counts them
 
 
 @dataclass(frozen=True)
@@ -124,45 +63,119 @@ def calls_after_lease(calls: list[Call], history: dict[str, list[ClaimState]]) -
                    and c.at_ns > expires.get((c.key, c.fence), c.at_ns)})
 
 
+class Stored(Protocol):
+    """What the checks read of a record (aiokafka's ``ConsumerRecord`` has it)."""
+
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def value(self) -> bytes | None: ...
+
+
+Offsets = Mapping[str, Mapping[int, int]]
+"""Committed offsets: topic -> partition -> offset."""
+
+
+def offsets_ahead(wf: Workflow, records: Mapping[str, Iterable[Stored]], committed: Offsets,
+                  resolved: set[str]) -> list[tuple[str, int, int]]:
+    """(topic, partition, offset) of the selected events below their topic's committed offset
+    (``records`` and ``committed`` of the transition topic and the delay topic) that are
+    neither resolved (their identity's outcome is stored) nor parked (a copy of the event on
+    the delay topic at or past that topic's committed offset, still to be consumed): an offset
+    that leads the outcomes it stands for. A worker resolves an event, or parks it when
+    another owner's lease holds its identity, in the same transaction as the offset past it."""
+    delay = internal_topic("delay", wf.name)
+    recs = {t: list(rs) for t, rs in records.items()}
+    parked = {wf.identity(decode_transition(r.value)) for r in recs.get(delay, [])
+              if r.value is not None and r.offset >= committed.get(delay, {}).get(r.partition, 0)}
+    bad = []
+    for topic, rs in recs.items():
+        for r in rs:
+            if r.value is None or r.offset >= committed.get(topic, {}).get(r.partition, 0):
+                continue
+            ev = decode_transition(r.value)
+            ident = wf.identity(ev)
+            if ev.type == wf.event_type and ident not in resolved and ident not in parked:
+                bad.append((topic, r.partition, r.offset))
+    return bad
+
+
+async def _committed(sc: Scenario) -> dict[str, dict[int, int]]:
+    """The group's committed offsets of the transition and delay topics."""
+    topics = (sc.wf.topic, internal_topic("delay", sc.wf.name))
+    return {t: dict((await group_lag(sc.bootstrap, sc.wf.group, t)).committed) for t in topics}
+
+
+async def _offsets_ahead_of(sc: Scenario, committed: Offsets) -> list[tuple[str, int, int]]:
+    """:func:`offsets_ahead` of ``committed`` (read before), against what Kafka shows now."""
+    history = await claim_history(sc.bootstrap, sc.wf)
+    resolved = {i for i, states in history.items() if any(st.outcome is not None for st in states)}
+    records = {t: await read_topic(sc.bootstrap, t) for t in committed}
+    return offsets_ahead(sc.wf, records, committed, resolved)
+
+
 async def committed_ahead(sc: Scenario, *, settle_s: float = 10.0) -> list[tuple[str, int, int]]:
-    """(topic, partition, offset) of selected events below the group's committed offset that
-    are neither resolved (outcome stored) nor parked (a copy on the delay topic past the delay
-    topic's committed offset): an offset committed ahead of what it stands for. A live worker
-    parks an event whose identity another owner's lease holds, in the same transaction as the
-    offset, so this is the invariant while workers run (``unresolved_below_commit`` of
-    consumers.harness is the one for a stopped group).
+    """:func:`offsets_ahead` while workers run. A live worker parks an event whose identity
+    another owner's lease holds, in the same transaction as the offset, so this is the
+    invariant while workers run (:func:`offsets_ahead_at_rest` is the one for a stopped group).
 
     Kafka makes one transaction visible partition by partition (its markers are written in
     parallel, and a marker for a partition whose leader just moved is retried toward the new
-    one): a violation is read again every 0.5 s for up to ``settle_s`` (same committed offsets)
-    and only one that persists is returned. A real one never clears: the offsets stay committed
-    and no outcome comes for them."""
-    wf, delay = sc.wf, internal_topic("delay", sc.wf.name)
-    committed = {t: (await group_lag(sc.bootstrap, wf.group, t)).committed for t in (wf.topic, delay)}
-
-    async def judge() -> list[tuple[str, int, int]]:
-        history = await claim_history(sc.bootstrap, wf)
-        resolved = {i for i, states in history.items() if any(st.outcome is not None for st in states)}
-        records = {t: await read_topic(sc.bootstrap, t) for t in (wf.topic, delay)}
-        parked = {wf.identity(decode_transition(r.value)) for r in records[delay]
-                  if r.offset >= committed[delay].get(r.partition, 0)}
-        bad = []
-        for topic, recs in records.items():
-            for r in recs:
-                if r.offset >= committed[topic].get(r.partition, 0):
-                    continue
-                ev = decode_transition(r.value)
-                ident = wf.identity(ev)
-                if ev.type == wf.event_type and ident not in resolved and ident not in parked:
-                    bad.append((topic, r.partition, r.offset))
-        return bad
-
+    one): a violation is read again every 0.5 s for up to ``settle_s`` and only one that
+    persists is returned (the committed offsets are read once, before). A real one never
+    clears once its offsets stay committed and no outcome comes for them -- but one that
+    clears within ``settle_s`` passes here, which is why a scenario also stops its group and
+    checks atomicity itself."""
+    committed = await _committed(sc)
     give_up = time.monotonic() + settle_s
     while True:
-        bad = await judge()
+        bad = await _offsets_ahead_of(sc, committed)
         if not bad or time.monotonic() >= give_up:
             return bad
         await asyncio.sleep(0.5)
+
+
+async def open_transactions(bootstrap: str, topics: Iterable[str],
+                            partitions: int) -> dict[tuple[str, int], int]:
+    """Per (topic, partition) with a transaction not yet ended (committed or aborted, markers
+    written): the records between its last stable offset and its end."""
+    tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
+    ends: dict[str, dict[TopicPartition, int]] = {}
+    for isolation in ("read_uncommitted", "read_committed"):
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation)
+        await consumer.start()
+        try:
+            ends[isolation] = await consumer.end_offsets(tps)
+        finally:
+            await consumer.stop()
+    whole, stable = ends["read_uncommitted"], ends["read_committed"]
+    return {(tp.topic, tp.partition): whole[tp] - stable.get(tp, 0) for tp in whole
+            if whole[tp] != stable.get(tp, 0)}
+
+
+async def offsets_ahead_at_rest(sc: Scenario, *, timeout: float = TXN_DEADLINE_S + PROGRESS_S,
+                                ) -> list[tuple[str, int, int]]:
+    """Atomicity itself, once the group is stopped: every worker has exited, so nothing is in
+    flight once every transaction they began has ended (each partition's last stable offset at
+    its end, of the state, delay and transition topics, which a forward writes to: markers
+    written, commits and aborts alike; a transaction a
+    stopped owner left open ends at its timeout, within ``timeout``). Then no committed offset
+    may lead its outcomes (:func:`offsets_ahead`), read once: no settling, nothing left to
+    arrive. A transaction whose offsets are visible before its outcomes (markers late) is no
+    violation here, since both are written by then; an offset committed apart from its
+    outcome, or ahead of it, is one however briefly it led."""
+    assert not [n for n, w in sc.workers.items() if w.alive()], "the group must be stopped"
+    topics = (sc.wf.state_topic, internal_topic("delay", sc.wf.name), sc.wf.topic)
+    started = time.monotonic()
+
+    async def ended() -> bool:
+        return not await open_transactions(sc.bootstrap, topics, PARTITIONS)
+
+    await wait_for(ended, timeout=timeout, what="every transaction of the stopped group to end")
+    sc.marks["transactions_ended"] = round(time.monotonic() - started, 2)
+    return await _offsets_ahead_of(sc, await _committed(sc))
 
 
 async def audit(sc: Scenario) -> FaultAudit:
@@ -176,16 +189,26 @@ Record = Callable[[str, object], None]
 
 
 def report(sc: Scenario, name: str, result: FaultAudit, record: Record, **extra: Any) -> dict[str, Any]:
-    """The scenario's result as one JSON line (printed, and a junit property)."""
+    """The scenario's result as one JSON line (printed, and a junit property), with each
+    worker's owner restarts."""
+    restarts = {n: owner_restarts(text) for n, text in worker_logs(sc).items()}
     doc = {"scenario": name, "unique": result.base.unique, "calls": result.base.calls,
-           "retried": result.base.retried, "recovery_s": sc.marks, **extra}
+           "retried": result.base.retried, "recovery_s": sc.marks, "owner_restarts": restarts, **extra}
     print("FAULT-RESULT " + json.dumps(doc, sort_keys=True))
     record("fault_result", json.dumps(doc, sort_keys=True))
     return doc
 
 
-def assert_clean_logs(sc: Scenario, *, allow: re.Pattern[str] | None = None) -> None:
+def worker_logs(sc: Scenario) -> dict[str, str]:
+    """Each worker's log (every process it ran)."""
+    logs = {}
     for name, w in sc.workers.items():
         assert w.log_path is not None
-        bad = unexpected_log_lines(w.log_path.read_text(errors="replace"), allow=allow)
-        assert not bad, f"{name}: unexpected error lines:\n" + "\n".join(bad[:20])
+        logs[name] = w.log_path.read_text(errors="replace")
+    return logs
+
+
+def assert_clean_logs(sc: Scenario, *, restarts: RestartBound,
+                      allow: Iterable[re.Pattern[str]] = ()) -> dict[str, int]:
+    """:func:`~tests.faults.fault_logs.judge_logs` over every worker of the scenario."""
+    return judge_logs(worker_logs(sc), restarts=restarts, allow=allow)

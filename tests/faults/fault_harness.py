@@ -1,7 +1,8 @@
 """The fault matrix's harness: a fresh three-node cluster per scenario, workers as real processes,
 a steady load of a reference workflow, network cuts made with namespaces and nftables, brokers
 killed, restarted or paused by node id, and a black-box audit (:mod:`tests.faults.fault_audit`:
-Kafka read_committed and the SQLite ledger, never worker memory).
+Kafka read_committed and the SQLite ledger, never worker memory; :mod:`tests.faults.fault_logs`:
+the workers' logs and owner restarts).
 
 Topology of a network scenario (:class:`Net`): one Linux bridge on the host (``10.231.K.1/24``,
 K drawn per run) and, per node (each broker, each worker), a network namespace joined to the

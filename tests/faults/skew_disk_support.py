@@ -251,3 +251,11 @@ async def reexecuted(bootstrap: str, wf: Workflow) -> dict[str, list[int]]:
     compared, so it holds whatever the workers' clocks say (the ledger's call times and the
     state records' timestamps come from the workers' own, possibly skewed, clocks)."""
     return judge_calls(ledger_calls(wf.ledger), await claim_history(bootstrap, wf)).after_outcome
+
+
+# --- logs ---------------------------------------------------------------------------------------
+
+def logs_of(tmp: Path, *names: str) -> dict[str, str]:
+    """The logs (``<tmp>/<name>.log``) of the named workers that ran, for
+    :func:`tests.faults.fault_logs.judge_logs`."""
+    return {n: p.read_text(errors="replace") for n in names if (p := tmp / f"{n}.log").exists()}

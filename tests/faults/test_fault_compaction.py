@@ -30,9 +30,13 @@ from consumers.harness import CRASH_ENV, Workflow, audit, build_events, create_t
 from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.kafka.reads import read_topic
 from streamsched.testing import WorkerProcess, make_event, wait_drained, wait_for
-from tests.faults.skew_disk_support import accepted_calls, members_are, reexecuted
+from tests.faults.fault_logs import RestartBound, judge_logs
+from tests.faults.skew_disk_support import accepted_calls, logs_of, members_are, reexecuted
 
 pytestmark = [pytest.mark.faults, pytest.mark.kafka]
+
+COMPACTION_RESTARTS = RestartBound(0, ("no owner fails here: the killed workers' successors are new "
+                                       "processes, and a compacted changelog is an ordinary restore"))
 
 COMPACT_SOON = {"segment.ms": "1000", "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "0"}
 
@@ -118,3 +122,4 @@ async def test_a_compacted_state_topic_and_every_worker_killed_execute_nothing_a
     assert result.effects == result.unique, result
     assert result.fences_ok and result.all_released, result
     assert not result.reexecuted and not result.unbacked and result.retried == 0, result
+    judge_logs(logs_of(tmp_path, "a", "b", "a2", "b2"), restarts=COMPACTION_RESTARTS, owners_only=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 from pathlib import Path
 
@@ -35,11 +36,13 @@ import pytest
 from consumers.harness import CRASH_ENV, Workflow, audit, produce, seeded_workflow
 from streamsched.model.event import TransitionEvent
 from streamsched.testing import WorkerProcess, make_event, wait_drained, wait_for
+from tests.faults.fault_logs import RestartBound, judge_logs, routine_owner_failures
 from tests.faults.skew_disk_support import (
     Tmpfs,
     accepted_calls,
     free_port,
     get,
+    logs_of,
     metric_lines,
     reexecuted,
     status,
@@ -48,6 +51,12 @@ from tests.faults.skew_disk_support import (
 )
 
 pytestmark = [pytest.mark.faults, pytest.mark.kafka]
+FULL_DISK_RESTARTS = RestartBound(2 * 2 * 7, (
+    "two phases (full, read-only) of two partitions, each restarting with backoff from 0.5 s doubling "
+    "while its store refuses writes: at most 7 restarts in a minute of it (16 in all in the runs that "
+    "set this)"))
+STORE_UNWRITABLE = re.compile(routine_owner_failures("StoreUnwritable"))
+"""The one owner failure this fault explains: the claim store cannot be written."""
 
 STOPPED_S = 8.0
 """How long a stopped partition is watched for a wrong answer or a restart loop."""
@@ -192,3 +201,5 @@ async def test_a_full_then_read_only_claim_store_stops_its_partition_and_recover
     assert result.effects == result.unique == 60 + 40 + 40, result
     assert result.fences_ok and result.all_released, result
     assert not result.reexecuted and not result.unbacked and result.retried == 0, result
+    judge_logs(logs_of(tmp_path, "worker-1", "worker-2"), restarts=FULL_DISK_RESTARTS,
+               allow=[STORE_UNWRITABLE], owners_only=True)

@@ -19,7 +19,6 @@ import pytest
 from streamsched.kafka.txn import TXN_DEADLINE_S
 from streamsched.testing import wait_drained, wait_for
 from tests.faults.fault_audit import (
-    CUT_BROKER_ERRORS,
     Record,
     assert_clean_logs,
     audit,
@@ -27,11 +26,21 @@ from tests.faults.fault_audit import (
     report,
 )
 from tests.faults.fault_harness import PARTITIONS, PROGRESS_S, Scenario
+from tests.faults.fault_logs import BROKER_FAULT_OWNERS, CUT_BROKER_ERRORS, RestartBound
 
 pytestmark = [pytest.mark.faults, pytest.mark.kafka]
 
 CUT_S = 20.0
 """How long a cut lasts: several session timeouts (3 s) and leases (5 s)."""
+CUT_OFF_WORKER_RESTARTS = RestartBound(2 * PARTITIONS, (
+    "the cut-off worker's owners (about half the partitions) may fail on a request it cannot send "
+    "and restart with backoff until the group evicts it (seconds), and each fenced one restarts once "
+    "if no revoke confirms the fence within 30 s; the survivor none (none in the runs that set this)"))
+CUT_OFF_BROKER_RESTARTS = RestartBound(2 * PARTITIONS, (
+    "each partition's owner may restart once for a transaction the deposed broker holds (given up at "
+    "its deadline) or an EndTxn it answers UNKNOWN_SERVER_ERROR, and once more for a restore refused "
+    "for its stale log (ChangelogBehind) or a fence no revoke confirms (none in the runs that set this)"))
+
 
 async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
         scenario: Scenario, record_property: Record) -> None:
@@ -69,17 +78,15 @@ async def test_a_worker_cut_off_from_every_broker_is_fenced_and_rejoins(
 
     result = await audit(sc)
     log = (sc.tmp / "wa.log").read_text(errors="replace")
-    restarts = log.count("restarting ")
     # Fenced: whatever the cut-off worker had begun and tried to commit once the network was
     # back was refused (no claim of its from the cut became visible).
     zombie = (await sc.owners_since(cut_ns, healed_ns))["wa"]
     report(sc, "worker_cut_off", result, record_property, claims_during_cut=dict(taken),
-           cut_off_fenced=log.count("fenced out of"), cut_off_restarts=restarts)
+           cut_off_fenced=log.count("fenced out of"))
     assert taken["wb"] > 0 and taken["wa"] == 0, f"claims taken during the cut: {taken}"
     assert zombie == 0, f"{zombie} claims of the cut-off worker from the cut became visible"
-    assert restarts <= 2 * PARTITIONS, f"the cut-off worker restarted its owners {restarts} times"
     assert result.ok, result.failures()
-    assert_clean_logs(sc)
+    assert_clean_logs(sc, restarts=CUT_OFF_WORKER_RESTARTS, allow=[BROKER_FAULT_OWNERS])
 
 
 async def test_a_broker_cut_off_from_the_other_two_is_elected_around(
@@ -135,4 +142,4 @@ async def test_a_broker_cut_off_from_the_other_two_is_elected_around(
     assert result.ok, result.failures()
     # Also no "Future exception was never retrieved": the producer a stuck transaction's owner
     # gave up ends fenced after the restart, and what it fails then is settled (kafka/fencing).
-    assert_clean_logs(sc, allow=CUT_BROKER_ERRORS)
+    assert_clean_logs(sc, restarts=CUT_OFF_BROKER_RESTARTS, allow=[BROKER_FAULT_OWNERS, CUT_BROKER_ERRORS])

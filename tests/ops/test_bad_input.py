@@ -68,7 +68,7 @@ REGISTRY_ONLY = {("schemas", "register"), ("schemas", "check")}
 """Commands that reach the schema registry, never Kafka: unreachable, they say so (exit 3)."""
 OFFLINE = {("console",), ("acl", "plan"), ("completion", "bash"), ("completion", "zsh")}
 """Commands that do not need Kafka to start: the console (a service that shows Kafka's errors in
-its pages), `acl plan` (prints the ACLs it would create; --config is not read) and `completion`."""
+its pages), `acl plan` (prints the ACLs it would create; Kafka only with --config) and `completion`."""
 BAD_TEXT = {"int": "abc", "float": "lots", "bool": "maybe", "duration": "soon", "choice": "loud",
             "options": "no-equals-sign"}
 BAD_SPECIAL = {"STREAMSCHED_BOOTSTRAP": "host:port", "STREAMSCHED_TEST_BOOTSTRAP": "a:b",
@@ -168,10 +168,13 @@ def cases(inputs: Path) -> list[Case]:
             if words in REGISTRY_ONLY:
                 code, says = 3, "schema registry unavailable: unreachable"
             out.append(Case(f"{name}: unreachable", (*base, "--bootstrap", UNREACHABLE), code, says))
-    # Every variable a bad value, each on another command (all commands check before they start).
+    # Every variable a bad value, each on another command that reads it (each command checks the
+    # variables it reads before it starts; the others are not its business).
     bad_vars = [v for v in settings.VARIABLES if _bad(v) is not None]
     for i, var in enumerate(bad_vars):
-        words, parser = commands[i % len(commands)]
+        readers = [(w, p) for w, p in commands
+                   if settings.reads(var, " ".join(w), connects=_takes(p, "--bootstrap"))]
+        words, parser = readers[i % len(readers)]
         out.append(Case(f"{' '.join(words)}: {var.name}", tuple(_base(words, parser)), 2, var.name,
                         env={var.name: _bad(var) or ""}))
     out += [
@@ -179,7 +182,7 @@ def cases(inputs: Path) -> list[Case]:
         Case("version with a bad REPLICATION", ("--version",), 0, "", env={"STREAMSCHED_REPLICATION": "x"}),
         Case("run with a lower-case log level", ("run", "--app", "tinyapp:app", "--bootstrap", UNREACHABLE),
              3, "Kafka is unreachable", env={"STREAMSCHED_LOG": "info"}, any_lines=True),
-        Case("a deprecated variable warns once", ("schedule", "list", "--bootstrap", UNREACHABLE), 3,
+        Case("a deprecated variable warns once", ("schedule", "tick", "--bootstrap", UNREACHABLE), 3,
              "Kafka is unreachable", env={"STREAMSCHED_SESSION_TIMEOUT_MS": "3000"}, warnings=1),
         Case("outbox status without the database", ("outbox", "status", "--dsn", "sqlite:///x.db"), 2,
              "--create-schema"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +77,42 @@ def test_kafka_4_gets_log4j2_and_3_9_keeps_reload4j() -> None:
     assert "${sys:kafka.logs.dir}/server.log" in text
     name, text, option = broker.logging_config("3.9.1")
     assert name == "log4j.properties" and option.startswith("-Dlog4j.configuration=")
+
+
+# What `mvn -B -q dependency:copy-dependencies` prints for a release Maven Central does not have.
+_MVN_NOT_FOUND = """\x1b[0m[ERROR] Failed to execute goal on project kafka-runtime: Could not resolve \
+dependencies for project dev.streamsched:kafka-runtime:pom:1: The following artifacts could not be \
+resolved: org.apache.kafka:kafka_2.13:jar:9.9.9, org.apache.kafka:kafka-tools:jar:9.9.9: Could not find \
+artifact org.apache.kafka:kafka_2.13:jar:9.9.9 in central (https://repo.maven.apache.org/maven2) -> [Help 1]
+[ERROR]
+[ERROR] To see the full stack trace of the errors, re-run Maven with the -e switch.
+[ERROR] Re-run Maven using the -X switch to enable full debug logging.
+[ERROR]
+[ERROR] For more information about the errors and possible solutions, please read the following articles:
+[ERROR] [Help 1] http://cwiki.apache.org/confluence/display/MAVEN/DependencyResolutionException
+\x1b[0m\x1b[0m"""
+
+
+def test_a_release_maven_cannot_find_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from streamsched.ops import cli
+
+    # A stand-in mvn (the real one takes half a minute and the network to say the same).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "mvn.out").write_text(_MVN_NOT_FOUND)
+    (bin_dir / "mvn").write_text(f"#!/bin/sh\ncat {tmp_path / 'mvn.out'}\nexit 1\n")
+    (bin_dir / "mvn").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("STREAMSCHED_CACHE", str(tmp_path / "cache"))
+    code = cli.main(["broker", "start", "--kafka-version", "9.9.9", "--data-dir", str(tmp_path / "data")])
+    err = capsys.readouterr().err
+    log = tmp_path / "cache" / "kafka-9.9.9" / "mvn.log"
+    assert code == 2 and err == (
+        "streamsched: BrokerError: mvn could not resolve Kafka 9.9.9's jars: Could not find artifact "
+        "org.apache.kafka:kafka_2.13:jar:9.9.9 in central (https://repo.maven.apache.org/maven2) "
+        f"(Maven's output: {log})\n"), err
+    assert log.read_text() == _MVN_NOT_FOUND  # all of it, for whoever needs more than the reason
 
 
 def test_a_data_dir_keeps_the_release_it_was_formatted_with(tmp_path: Path) -> None:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +18,8 @@ from streamsched.model.identity import route_key
 from streamsched.ops.broker import free_port
 from streamsched.ops.cli import main
 from streamsched.wire.transition import decode_transition
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_emit_writes_to_the_home_partition(bootstrap: str, make_topic,
@@ -54,3 +61,19 @@ def test_emit_refuses_invalid_events_before_connecting(doc: dict[str, object], e
     code = main(["emit", "t", "--event", json.dumps(doc), "--bootstrap", f"127.0.0.1:{free_port()}"])
     err = capsys.readouterr().err
     assert code == 2 and error in err and "Traceback" not in err
+
+
+def test_emit_to_a_missing_topic_is_one_line_exit_2(bootstrap: str, unique, tmp_path) -> None:
+    # A missing topic is bad input, said at once: the producer alone would wait out its metadata
+    # timeout (a warning on every retry), then call Kafka unreachable.
+    topic = unique("missing")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSCHED_")}
+    env["PYTHONPATH"] = str(ROOT)
+    doc = json.dumps({"type": "due", "tenant": "acme", "target": ["inv-1"]})
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "streamsched", "emit", topic, "--event", doc,
+                           "--bootstrap", bootstrap], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    took = time.monotonic() - started
+    assert (proc.returncode, proc.stderr) == (2, f"streamsched: ConfigError: topic {topic} does not exist\n")
+    assert took < 15, took  # a Python start-up and one metadata request (the old wait was 40 s)

@@ -7,8 +7,8 @@ table allows it (then it moves to ``streamsched/testing/`` unchanged, as ``TestA
 support).
 
 Seam, as in tests/schedules/test_ticker_unit.py: a stand-in partition owner holding a fenced
-FakeProducer, the feedback consumer replaced by a FakeConsumer, definitions delivered through the
-inbox as the Ticker's intake does, and ``_tick`` driven directly. One rule keeps the virtual
+FakeProducer, the feedback read by a FakeConsumer, definitions delivered through the inbox as
+the Ticker's intake does, and ``tick`` driven directly. One rule keeps the virtual
 clock honest: the ticker plans a boundary up to 0.5 s ahead and then waits, in real time, for the
 clock to reach it before committing; so it is never ticked while its next boundary lies within
 that window: the TestApp steps the clock to the boundary itself and ticks there.
@@ -25,7 +25,9 @@ from typing import Any
 from streamsched.kafka.writer import partition_for_key
 from streamsched.model.names import transactional_id
 from streamsched.model.schedule import Definition, HistoryRow, ScheduleStatus, State
+from streamsched.schedules.book import ScheduleBook
 from streamsched.schedules.catalog import Catalog
+from streamsched.schedules.feedback import FeedbackReader
 from streamsched.schedules.ticker import LOOKAHEAD_NS, PartitionTicker, Ticker, TickerConfig
 from streamsched.testing.app import TestApp
 from streamsched.testing.fakes import FakeProducer, TopicPartition
@@ -63,10 +65,11 @@ class ScheduleDriver:
         for p in range(cat.partitions):
             producer = kafka.producer(transactional_id("ticker", cat.name, partition=p))
             await producer.start()
-            pt = PartitionTicker(self.ticker.context, _Owner(p, producer))  # type: ignore[arg-type]  # a stand-in
-            pt.feedback_tp = TopicPartition(cat.feedback_topic, p)
-            pt.feedback = kafka.consumer(cat.group)
-            pt.feedback.assign([pt.feedback_tp])
+            feedback = FeedbackReader(kafka.consumer(cat.group), TopicPartition(cat.feedback_topic, p),
+                                      self.ticker.metrics)
+            feedback.consumer.assign([feedback.tp])
+            book = ScheduleBook(self.ticker.metrics, p)
+            pt = PartitionTicker(self.ticker.context, _Owner(p, producer), book, feedback)
             pt.targets.probe = lookup
             self.parts.append(pt)
         self.definitions.assign([TopicPartition(cat.definitions_topic, p) for p in range(cat.partitions)])
@@ -133,9 +136,9 @@ class ScheduleDriver:
     # --- Clocked ---------------------------------------------------------------------------------
 
     def _upcoming(self) -> list[int]:
-        return [s.next_planned_ns for pt in self.parts for name, s in pt.states.items()
+        return [s.next_planned_ns for pt in self.parts for name, s in pt.book.states.items()
                 if s.status is ScheduleStatus.ACTIVE and s.next_planned_ns is not None
-                and not pt._waits(name)]
+                and not pt.waits(name)]
 
     def next_due_ns(self) -> int | None:
         return None if self.paused else min(self._upcoming(), default=None)
@@ -149,10 +152,10 @@ class ScheduleDriver:
             self.parts[tp.partition].inbox.extend(records)
         now = self.t.now_ns
         for pt in self.parts:
-            upcoming = min((s.next_planned_ns for s in pt.states.values()
+            upcoming = min((s.next_planned_ns for s in pt.book.states.values()
                             if s.status is ScheduleStatus.ACTIVE and s.next_planned_ns is not None),
                            default=None)
             if upcoming is not None and 0 < upcoming - now <= LOOKAHEAD_NS:
                 continue  # tick at the boundary itself (see the module docs)
-            await pt._tick()
+            await pt.tick()
         return len(kafka.transactions) != before

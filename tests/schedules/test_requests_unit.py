@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import pytest
 
-from streamsched.model.schedule import MANUAL, HistoryRow, Request, ScheduleStatus
+from streamsched.errors import DecodeError
+from streamsched.model.schedule import MANUAL, HistoryRow, Request, RequestProgress, ScheduleStatus
 from streamsched.schedules import tick
+from streamsched.schedules.book import ScheduleBook
 from streamsched.schedules.ticker import PartitionTicker, fired_by_us
-from streamsched.testing.fakes import TopicPartition
-from streamsched.wire.schedule import HISTORY_CODEC, STATE_CODEC, encode_request, request_key
+from streamsched.wire.schedule import (
+    HISTORY_CODEC,
+    MAX_PROGRESS,
+    STATE_CODEC,
+    decode_progress,
+    encode_progress,
+    encode_request,
+    request_key,
+)
 from tests.schedules.test_ticker_unit import MINUTE, T0, TID, Rig, StandInOwner
 
 S = 1_000_000_000
@@ -47,20 +56,18 @@ def committed_requests(rig: Rig) -> int | None:
 
 
 async def restarted(rig: Rig) -> PartitionTicker:
-    """A new owner of partition 0, restored from the fake cluster as ``restore`` does it."""
+    """A new owner of partition 0, restored from what the fake cluster holds through the book, as
+    ``restore`` does it (every definitions and state record in log order, then the committed
+    offsets)."""
     producer = rig.kafka.producer(TID)
     await producer.start()  # fences the previous owner
-    pt = PartitionTicker(rig.pt.ctx, StandInOwner(0, producer))  # type: ignore[arg-type]  # a stand-in
-    for rec in rig.kafka.records(rig.catalog.definitions_topic):
-        pt._apply_definition(rec)
-    for rec in rig.kafka.records(rig.catalog.state_topic):
-        pt.states[rec.key.decode()] = rig.durable_state(rec.key.decode())
-    pt.fence = max(s.fence for s in pt.states.values()) + 1
-    pt.requests.restored(committed_requests(rig))
-    pt.defs_next = max(r.offset for r in rig.kafka.records(rig.catalog.definitions_topic)) + 1
-    pt.feedback_tp = TopicPartition(rig.catalog.feedback_topic, 0)
-    pt.feedback = rig.kafka.consumer(rig.catalog.group)
-    pt.feedback.assign([pt.feedback_tp])
+    metrics = rig.pt.ctx.metrics
+    book = ScheduleBook(metrics, 0)
+    definitions = rig.kafka.records(rig.catalog.definitions_topic)
+    book.apply_definitions(definitions)
+    book.apply_states(rig.kafka.records(rig.catalog.state_topic))
+    book.restored(committed_requests(rig), max(r.offset for r in definitions) + 1)
+    pt = PartitionTicker(rig.pt.ctx, StandInOwner(0, producer), book, rig.feedback(metrics))
     rig.pt = pt
     return pt
 
@@ -69,9 +76,9 @@ async def started(rig: Rig, *, minutes: int = 3) -> PartitionTicker:
     """``every`` (@every 1m) created at T0 and fired at T0+1m .. T0+minutes."""
     pt = await rig.start()
     rig.define("every", "@every 1m")
-    await pt._tick()
+    await pt.tick()
     rig.clock.now = T0 + minutes * MINUTE + S
-    await pt._tick()
+    await pt.tick()
     assert [ev.due_ns for ev in rig.fired()] == [T0 + k * MINUTE for k in range(1, minutes + 1)]
     return pt
 
@@ -82,7 +89,7 @@ async def test_a_trigger_fires_once_with_its_own_identity_and_leaves_the_schedul
     before = rig.durable_state("every")
     at = T0 + 3 * MINUTE + 5 * S
     offset = request(rig, trigger(at))
-    await pt._tick()
+    await pt.tick()
     ev = rig.fired()[-1]
     assert (ev.event_id, ev.due_ns, ev.origin) == (f"every.v1/{at}", at, f"sched:cat:every:1:{at}")
     st = rig.durable_state("every")
@@ -96,9 +103,9 @@ async def test_a_trigger_fires_once_with_its_own_identity_and_leaves_the_schedul
     last = rig.kafka.transactions[-1]
     assert last.committed and len(last.on("jobs")) == 1
     assert last.offsets[rig.catalog.group][pt.defs_tp] == offset + 1
-    await pt._tick()
+    await pt.tick()
     rig.clock.now += 10 * S
-    await pt._tick()
+    await pt.tick()
     assert [e.event_id for e in rig.fired()].count(ev.event_id) == 1
 
 
@@ -107,16 +114,16 @@ async def test_a_manual_occurrences_feedback_is_trusted_and_a_forged_one_is_not(
     pt = await started(rig)
     at = T0 + 3 * MINUTE + 5 * S
     request(rig, trigger(at))
-    await pt._tick()
-    st = pt.states["every"]
-    defn = pt.defs["every"]
+    await pt.tick()
+    st = pt.book.states["every"]
+    defn = pt.book.defs["every"]
     real = HistoryRow("every.v1", f"every.v1/{at}", at, 1, "SUCCEEDED", at + S)
     forged = HistoryRow("every.v1", f"every.v1/{at + 1}", at + 1, 1, "SUCCEEDED", at + S)
-    assert fired_by_us(st, defn, real, manual=pt.requests.manual(st))
-    assert not fired_by_us(st, defn, forged, manual=pt.requests.manual(st))
+    assert fired_by_us(st, defn, real, manual=pt.book.requests.manual(st))
+    assert not fired_by_us(st, defn, forged, manual=pt.book.requests.manual(st))
     feedback(rig, real)
     feedback(rig, forged)
-    await pt._tick()
+    await pt.tick()
     assert rig.history()[-1] == real
     assert pt.ctx.metrics.snapshot()["counters"]["feedback_rejected"] == 1
 
@@ -128,14 +135,14 @@ async def test_a_manual_run_of_a_one_time_job_does_not_end_it() -> None:
     pt = await rig.start()
     at = T0 + 30 * MINUTE
     rig.define("once", f"@at {datetime.fromtimestamp(at // S, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}")
-    await pt._tick()
+    await pt.tick()
     manual_at = T0 + 5 * S
     request(rig, trigger(manual_at, name="once"))
-    await pt._tick()
+    await pt.tick()
     assert [ev.due_ns for ev in rig.fired()] == [manual_at]
     done = HistoryRow("once.v1", f"once.v1/{manual_at}", manual_at, 1, "SUCCEEDED", manual_at + S)
     feedback(rig, done, "once")
-    await pt._tick()
+    await pt.tick()
     st = rig.durable_state("once")
     assert (st.status, st.next_planned_ns) == (ScheduleStatus.ACTIVE, at)  # still due at its instant
 
@@ -148,7 +155,7 @@ async def test_a_backfill_fires_the_scheduled_identities_of_its_window_up_to_the
     # boundaries after the anchor are the ticker's own to plan, not the backfill's.
     request(rig, backfill(T0 - 2 * MINUTE, T0 + 3 * MINUTE + 30 * S))
     rig.clock.now = T0 + 3 * MINUTE + 40 * S
-    await pt._tick()
+    await pt.tick()
     fired = [ev.event_id for ev in rig.fired()][3:]
     assert fired == [f"every.v1/{T0 + k * MINUTE}" for k in range(-2, 4)]
     st = rig.durable_state("every")
@@ -157,8 +164,8 @@ async def test_a_backfill_fires_the_scheduled_identities_of_its_window_up_to_the
     assert [r.manual for r in rig.history()[-6:]] == ["backfill"] * 6
     # A backfilled boundary from before the first fire is trusted feedback too.
     early = HistoryRow("every.v1", f"every.v1/{T0 - MINUTE}", T0 - MINUTE, 1, "SUCCEEDED", T0)
-    assert fired_by_us(st, pt.defs["every"], early)
-    await pt._tick()
+    assert fired_by_us(st, pt.book.defs["every"], early)
+    await pt.tick()
     assert len(rig.fired()) == 9
 
 
@@ -169,15 +176,15 @@ async def test_a_backfill_stops_at_its_max_and_splits_over_transactions(
     pt = await started(rig, minutes=3)
     txns = len(rig.kafka.transactions)
     request(rig, backfill(T0 - 20 * MINUTE, T0, max=10))
-    await pt._tick()
-    assert pt._sleep_s() == 0.0  # more to fire: no sleep before the next tick
-    await pt._tick()
-    await pt._tick()
-    await pt._tick()
+    await pt.tick()
+    assert pt.sleep_s() == 0.0  # more to fire: no sleep before the next tick
+    await pt.tick()
+    await pt.tick()
+    await pt.tick()
     fired = [ev.due_ns for ev in rig.fired()][3:]
     assert fired == [T0 + k * MINUTE for k in range(-20, -10)]  # the first 10 of 21, in order
     assert len(rig.kafka.transactions) - txns == 3  # 4 + 4 + 2
-    assert not pt.requests.pending() and not pt.more
+    assert not pt.book.requests.pending() and not pt.more
 
 
 async def test_a_request_survives_a_restart_before_its_commit_and_fires_once_after() -> None:
@@ -189,17 +196,85 @@ async def test_a_request_survives_a_restart_before_its_commit_and_fires_once_aft
     request(rig, trigger(at))
     pt.producer.fail("commit_transaction", KafkaError("crash before the commit"))
     with pytest.raises(KafkaError):
-        await pt._tick()
+        await pt.tick()
     assert f"every.v1/{at}" not in [ev.event_id for ev in rig.fired()]
     pt2 = await restarted(rig)
-    assert [e.request.at_ns for _, e in pt2.requests.pending()] == [at]
-    await pt2._tick()
+    assert [e.request.at_ns for _, e in pt2.book.requests.pending()] == [at]
+    await pt2.tick()
     pt3 = await restarted(rig)  # and once applied, a restart does not fire it again
-    assert not pt3.requests.pending()
-    await pt3._tick()
+    assert not pt3.book.requests.pending()
+    await pt3.tick()
     assert [ev.event_id for ev in rig.fired()].count(f"every.v1/{at}") == 1
     # The restored ticker still trusts the manual occurrence's feedback.
-    assert pt3.requests.manual(pt3.states["every"]) == {at}
+    assert pt3.book.requests.manual(pt3.book.states["every"]) == {at}
+
+
+async def test_a_backfill_cut_off_by_a_restart_resumes_after_its_last_fired_boundary(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiokafka.errors import KafkaError
+
+    monkeypatch.setattr(tick, "MAX_FIRES_PER_TXN", 4)
+    rig = Rig()
+    pt = await started(rig, minutes=3)
+    request(rig, backfill(T0 - 20 * MINUTE, T0, max=10))
+    await pt.tick()  # the first 4, committed with the progress in the schedule's state
+    pt.producer.fail("commit_transaction", KafkaError("crash before the commit"))
+    with pytest.raises(KafkaError):
+        await pt.tick()  # the next 4: never committed, so neither is their progress
+    pt2 = await restarted(rig)
+    [(_, entry)] = pt2.book.requests.pending()
+    assert (entry.done_to, entry.fired) == (T0 - 17 * MINUTE, 4)
+    for _ in range(3):
+        await pt2.tick()
+    backfilled = [T0 + k * MINUTE for k in range(-20, -10)]
+    assert [ev.due_ns for ev in rig.fired()][3:] == backfilled  # each once, in order
+    rows = [r.planned_ns for r in rig.history() if r.manual == "backfill"]
+    assert rows == backfilled  # no duplicate history row
+    pt3 = await restarted(rig)  # finished: a restart fires nothing of it again
+    assert not pt3.book.requests.pending()
+    await pt3.tick()
+    assert len(rig.fired()) == 3 + 10
+
+
+async def test_a_request_applied_after_one_that_waits_is_not_applied_again_after_a_restart() -> None:
+    rig = Rig()
+    pt = await started(rig)
+    rig.define("bad", "@every 1h", target="nowhere")  # no such topic (or no ACL for it)
+    await pt.tick()
+    waiting = request(rig, trigger(T0 + 3 * MINUTE + 4 * S, rid="c" * 32, name="bad"))
+    at = T0 + 3 * MINUTE + 5 * S
+    request(rig, trigger(at))
+    await pt.tick()
+    assert committed_requests(rig) == waiting  # the committed offset stops at the waiting one
+    pt2 = await restarted(rig)
+    assert [e.request.name for _, e in pt2.book.requests.pending()] == ["bad"]
+    await pt2.tick()
+    assert [ev.event_id for ev in rig.fired()].count(f"every.v1/{at}") == 1
+    assert pt2.book.requests.manual(pt2.book.states["every"]) == {at}  # its feedback stays trusted
+
+
+def test_request_progress_round_trips_and_a_bad_header_is_refused() -> None:
+    items = (RequestProgress("a" * 32, None, 1, True), RequestProgress("b" * 32, T0, 7, False))
+    assert decode_progress(encode_progress(items)) == items
+    too_many = [RequestProgress(f"{i:032x}", None, 1, True) for i in range(MAX_PROGRESS + 1)]
+    for bad in (b"[]", b'{"x": {"done": true, "done_to": null, "fired": 1}}',
+                b'{"%s": {"done": 1, "done_to": null, "fired": 1}}' % (b"a" * 32),
+                b'{"%s": {"done": true, "done_to": null, "fired": -1}}' % (b"a" * 32),
+                b'{"%s": {"done": true, "fired": 1}}' % (b"a" * 32),
+                encode_progress(too_many)):
+        with pytest.raises(DecodeError):
+            decode_progress(bad)
+
+
+async def test_an_unreadable_progress_header_is_counted_and_the_state_still_restores() -> None:
+    rig = Rig()
+    await started(rig)
+    st = rig.durable_state("every")
+    rig.kafka.produce(rig.catalog.state_topic, STATE_CODEC.encode(st.to_record()), key=b"every", partition=0,
+                      headers=[("ss-version", b"1"), ("ss-requests", b"{not json")])
+    pt = await restarted(rig)
+    assert pt.book.states["every"] == st
+    assert pt.ctx.metrics.snapshot()["counters"]["undecodable_records{kind=progress}"] == 1
 
 
 async def test_bad_and_stale_requests_are_counted_and_skipped() -> None:
@@ -211,7 +286,7 @@ async def test_bad_and_stale_requests_are_counted_and_skipped() -> None:
     request(rig, trigger(T0 + 10 * S, rid="d" * 32, version=7))  # another version's
     request(rig, trigger(T0 + 4 * MINUTE, rid="e" * 32))  # a boundary: not an identity of its own
     request(rig, trigger(T0 + 11 * S, rid="f" * 32, name="gone"))
-    await pt._tick()
+    await pt.tick()
     assert len(rig.fired()) == 3  # nothing new
     counters = pt.ctx.metrics.snapshot()["counters"]
     assert counters["undecodable_records{kind=request}"] == 1
@@ -219,7 +294,7 @@ async def test_bad_and_stale_requests_are_counted_and_skipped() -> None:
     assert counters["schedule_requests_dropped{reason=boundary}"] == 1
     assert counters["schedule_requests_dropped{reason=no_schedule}"] == 1
     assert committed_requests(rig) == len(rig.kafka.records(rig.catalog.definitions_topic))
-    assert "every" in pt.defs  # the definition is untouched by requests under its name
+    assert "every" in pt.book.defs  # the definition is untouched by requests under its name
     assert STATE_CODEC.decode(rig.kafka.records(rig.catalog.state_topic)[-1].value or b"")
 
 

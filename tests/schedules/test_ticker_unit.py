@@ -1,11 +1,12 @@
 """The schedule ticker's firing logic (streamsched.schedules.ticker) on the in-memory Kafka.
 
 Seam: one ``PartitionTicker`` built on a stand-in partition owner (partition, producer,
-stopping) whose producer is a fenced transactional FakeProducer, with its feedback consumer
-replaced by a FakeConsumer and definitions delivered through its inbox, as the Ticker's intake
-does; ``_tick`` is driven directly with a controlled clock. Restore (``PartitionReader`` on a real
-broker) and the group membership are not exercised here: tests/schedules/test_schedules.py and
-tests/crash/test_schedule_crash.py prove them against Kafka.
+stopping) whose producer is a fenced transactional FakeProducer, with an empty book, its
+feedback read by a FakeConsumer and definitions delivered through its inbox, as the Ticker's
+intake does; ``tick`` is driven directly with a controlled clock. The restore's reads (on a real
+broker) and the group membership are not exercised here: tests/schedules/test_schedules.py,
+tests/schedules/test_ticker_barrier.py and tests/crash/test_schedule_crash.py prove them against
+Kafka.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from aiokafka.errors import KafkaError, ProducerFenced
 from streamsched.model.event import TransitionEvent
 from streamsched.model.limits import MAX_CATCH_UP
 from streamsched.model.schedule import Definition, HistoryRow, Policy, ScheduleStatus, State
+from streamsched.schedules.book import ScheduleBook
 from streamsched.schedules.catalog import Catalog
+from streamsched.schedules.feedback import FeedbackReader
 from streamsched.schedules.ticker import PartitionTicker, Ticker, TickerConfig
 from streamsched.testing import wait_for
 from streamsched.testing.fakes import FakeKafka, FakeProducer, TopicPartition
@@ -65,12 +68,20 @@ class Rig:
         ticker = Ticker(cat, TickerConfig(bootstrap="unused:9092", clock=self.clock))
         producer = self.kafka.producer(TID)
         await producer.start()
-        pt = PartitionTicker(ticker.context, StandInOwner(0, producer))  # type: ignore[arg-type]  # a stand-in
-        pt.feedback_tp = TopicPartition(cat.feedback_topic, 0)
-        pt.feedback = self.kafka.consumer(cat.group)
-        pt.feedback.assign([pt.feedback_tp])
+        pt = PartitionTicker(ticker.context, StandInOwner(0, producer), ScheduleBook(ticker.metrics, 0),
+                             self.feedback(ticker.context.metrics))
         self.pt = pt
         return pt
+
+    def feedback(self, metrics: Any) -> FeedbackReader:
+        """The feedback partition, read from the group's committed offset as the restore does."""
+        tp = TopicPartition(self.catalog.feedback_topic, 0)
+        consumer = self.kafka.consumer(self.catalog.group)
+        consumer.assign([tp])
+        committed = self.kafka.committed(self.catalog.group, self.catalog.feedback_topic, 0)
+        if committed is not None:
+            consumer.seek(tp, committed)
+        return FeedbackReader(consumer, tp, metrics, sent=committed)
 
     def define(self, name: str, spec: str, *, policy: Policy = "catch_up",
                target: str = TARGET) -> Definition:
@@ -97,13 +108,13 @@ async def test_fire_and_advance_commit_in_one_transaction() -> None:
     rig = Rig()
     pt = await rig.start()
     defn = rig.define("every", "@every 1m")
-    await pt._tick()
+    await pt.tick()
     st = rig.durable_state("every")
     assert (st.status, st.next_planned_ns, st.fired) == (ScheduleStatus.ACTIVE, T0 + MINUTE, 0)
     assert rig.fired() == []
 
     rig.clock.now = T0 + MINUTE + S
-    await pt._tick()
+    await pt.tick()
     [ev] = rig.fired()
     assert (ev.due_ns, ev.event_id) == (T0 + MINUTE, f"every.v1/{T0 + MINUTE}")
     assert ev.target == (defn.schedule_id,)
@@ -111,7 +122,7 @@ async def test_fire_and_advance_commit_in_one_transaction() -> None:
     st = rig.durable_state("every")
     assert (st.next_planned_ns, st.last_fired_ns) == (T0 + 2 * MINUTE, T0 + MINUTE)
     assert (st.fired, st.skipped) == (1, 0)
-    assert pt.states["every"] == st
+    assert pt.book.states["every"] == st
     [row] = rig.history()
     assert (row.occurrence, row.state) == (ev.event_id, "RUNNING")
     # Occurrence, advanced state and history row: one transaction, all or nothing.
@@ -119,7 +130,7 @@ async def test_fire_and_advance_commit_in_one_transaction() -> None:
     assert last.committed
     topics = (TARGET, rig.catalog.state_topic, rig.catalog.history_topic)
     assert [len(last.on(t)) for t in topics] == [1, 1, 1]
-    await pt._tick()  # nothing more is due
+    await pt.tick()  # nothing more is due
     assert len(rig.fired()) == 1
 
 
@@ -127,9 +138,9 @@ async def test_a_planned_occurrence_is_invisible_until_its_commit_at_the_planned
     rig = Rig()
     pt = await rig.start()
     rig.define("every", "@every 1m")
-    await pt._tick()
+    await pt.tick()
     rig.clock.now = T0 + MINUTE - S // 5  # within the lookahead: planned now, committed when due
-    task = asyncio.create_task(pt._tick())
+    task = asyncio.create_task(pt.tick())
 
     async def written() -> bool:
         return any(r.topic == TARGET for r in rig.kafka.open_records(TID))
@@ -148,9 +159,9 @@ async def test_catch_up_fires_at_most_64_missed_boundaries_then_the_latest(misse
     rig = Rig()
     pt = await rig.start()
     rig.define("every", "@every 1m")
-    await pt._tick()
+    await pt.tick()
     rig.clock.now = T0 + S + missed * MINUTE  # boundaries T0+1m .. T0+missed*1m are due
-    await pt._tick()
+    await pt.tick()
     due = [ev.due_ns for ev in rig.fired()]
     expected = [T0 + k * MINUTE for k in range(1, min(missed, MAX_CATCH_UP) + 1)]
     if missed > MAX_CATCH_UP:
@@ -166,9 +177,9 @@ async def test_coalesce_fires_only_the_latest_missed_boundary() -> None:
     rig = Rig()
     pt = await rig.start()
     rig.define("every", "@every 1m", policy="coalesce")
-    await pt._tick()
+    await pt.tick()
     rig.clock.now = T0 + S + 100 * MINUTE
-    await pt._tick()
+    await pt.tick()
     assert [ev.due_ns for ev in rig.fired()] == [T0 + 100 * MINUTE]
     st = rig.durable_state("every")
     assert (st.fired, st.skipped) == (1, 99)
@@ -182,9 +193,9 @@ async def test_a_one_time_job_ends_with_its_occurrences_feedback(result: Any, st
     at = T0 + 30 * S
     stamp = datetime.fromtimestamp(at // S, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     defn = rig.define("once", f"@at {stamp}")
-    await pt._tick()
+    await pt.tick()
     rig.clock.now = at + S
-    await pt._tick()
+    await pt.tick()
     [ev] = rig.fired()
     assert ev.due_ns == at
     st = rig.durable_state("once")
@@ -195,16 +206,16 @@ async def test_a_one_time_job_ends_with_its_occurrences_feedback(result: Any, st
     rig.kafka.produce(rig.catalog.feedback_topic, HISTORY_CODEC.encode(row.to_record()), key=b"once",
                       partition=0)
     rig.clock.now = at + 3 * S
-    await pt._tick()
+    await pt.tick()
     assert rig.durable_state("once").status is status
     assert rig.history()[-1] == row
     # The feedback offset is consumed in the same transaction as the state it changed.
     last = rig.kafka.transactions[-1]
-    assert last.offsets == {rig.catalog.group: {pt.feedback_tp: 1}}
+    assert last.offsets == {rig.catalog.group: {pt.feedback.tp: 1}}
     assert len(last.on(rig.catalog.state_topic)) == 1
     assert rig.kafka.committed(rig.catalog.group, rig.catalog.feedback_topic, 0) == 1
     rig.clock.now = at + 3600 * S
-    await pt._tick()
+    await pt.tick()
     assert len(rig.fired()) == 1  # ended: never fires again
 
 
@@ -212,15 +223,15 @@ async def test_a_failed_commit_fires_nothing_and_the_next_tick_fires_the_same_oc
     rig = Rig()
     pt = await rig.start()
     rig.define("every", "@every 1m")
-    await pt._tick()
-    before = dict(pt.states)
+    await pt.tick()
+    before = dict(pt.book.states)
     rig.clock.now = T0 + MINUTE + S
     pt.producer.fail("commit_transaction", KafkaError("broker said no"))
     with pytest.raises(KafkaError):
-        await pt._tick()
-    assert rig.fired() == [] and rig.history() == [] and pt.states == before
+        await pt.tick()
+    assert rig.fired() == [] and rig.history() == [] and pt.book.states == before
     assert rig.durable_state("every") == before["every"]
-    await pt._tick()
+    await pt.tick()
     assert [ev.event_id for ev in rig.fired()] == [f"every.v1/{T0 + MINUTE}"]
 
 
@@ -228,14 +239,14 @@ async def test_a_fenced_ticker_raises_and_fires_nothing() -> None:
     rig = Rig()
     pt = await rig.start()
     rig.define("every", "@every 1m")
-    await pt._tick()
-    before = dict(pt.states)
+    await pt.tick()
+    before = dict(pt.book.states)
     successor = rig.kafka.producer(TID)
     await successor.start()  # another member now owns the partition
     rig.clock.now = T0 + MINUTE + S
     with pytest.raises(ProducerFenced):
-        await pt._tick()
-    assert rig.fired() == [] and pt.states == before and not rig.kafka.in_transaction(TID)
+        await pt.tick()
+    assert rig.fired() == [] and pt.book.states == before and not rig.kafka.in_transaction(TID)
 
 
 async def test_a_schedule_whose_target_cannot_be_written_waits_and_the_others_fire() -> None:
@@ -253,24 +264,24 @@ async def test_a_schedule_whose_target_cannot_be_written_waits_and_the_others_fi
     pt.targets.probe = probe
     rig.define("good", "@every 1m")
     rig.define("bad", "@every 1m", target="nowhere")  # no such topic (or no ACL for it)
-    await pt._tick()
+    await pt.tick()
     rig.clock.now = T0 + MINUTE + S
-    await pt._tick()
+    await pt.tick()
     assert [ev.due_ns for ev in rig.fired()] == [T0 + MINUTE]
     assert rig.durable_state("bad").next_planned_ns == T0 + MINUTE  # waits, unchanged
     assert pt.targets.waiting.keys() == {"nowhere"}
     gauges = pt.ctx.metrics.snapshot()["gauges"]
     assert gauges["targets_unwritable{partition=0}"] == 1.0
     # While it waits, it neither busy-loops the tick nor is looked up again before its retry.
-    assert pt._sleep_s() > 0
+    assert pt.sleep_s() > 0
 
     rig.clock.now = T0 + 2 * MINUTE + S
     rig.kafka.create_topic("nowhere", 1)
-    await pt._tick()  # within the retry window: still waiting
+    await pt.tick()  # within the retry window: still waiting
     assert rig.fired("nowhere") == []
     monotonic[0] += 11
     rig.clock.now += S
-    await pt._tick()
+    await pt.tick()
     # Both missed boundaries fire (catch_up), after "good" kept firing meanwhile.
     assert [ev.due_ns for ev in rig.fired("nowhere")] == [T0 + MINUTE, T0 + 2 * MINUTE]
     assert [ev.due_ns for ev in rig.fired()] == [T0 + MINUTE, T0 + 2 * MINUTE]

@@ -78,27 +78,29 @@ def test_single_defects_are_refused_with_the_three_pass_reasons() -> None:
     claim = get_codec("claim")
     good = claim.encode({"identity": "id", "status": "CLAIMED", "owner": "o", "fence": 3,
                          "lease_expires_ns": 10, "ordinal": 1, "revision": 1, "outcome": None})
+    tail = good[-3:]  # attempt, run, retry_due_ns: after the outcome's union index
+    good = good[:-3]  # ... which the union cases below change as the last byte
     body = good[2:]
     # identity "id" = 04 69 64, status CLAIMED = 02, owner "o" = 02 6f, fence 3 = 06 ...
     assert body.startswith(b"\x04id\x02\x02o\x06")
     cases = {
-        "overlong varint": good[:2] + b"\x84\x00id" + body[3:],
-        "negative enum index": good[:2] + b"\x04id\x01" + body[4:],
-        "enum index past the symbols": good[:2] + b"\x04id\x10" + body[4:],
-        "negative union index": good[:-1] + b"\x01",
-        "union index past the branches": good[:-1] + b"\x06",
+        "overlong varint": good[:2] + b"\x84\x00id" + body[3:] + tail,
+        "negative enum index": good[:2] + b"\x04id\x01" + body[4:] + tail,
+        "enum index past the symbols": good[:2] + b"\x04id\x10" + body[4:] + tail,
+        "negative union index": good[:-1] + b"\x01" + tail,
+        "union index past the branches": good[:-1] + b"\x06" + tail,
         "truncated string": good[:4],
-        "invalid utf-8": good[:2] + b"\x04\xff\xfe" + body[3:],
-        "trailing bytes": good + b"\x00",
+        "invalid utf-8": good[:2] + b"\x04\xff\xfe" + body[3:] + tail,
+        "trailing bytes": good + tail + b"\x00",
     }
     for what, data in cases.items():
         one, three = both(claim, data)
         assert isinstance(one, str) and one == three, (what, one, three)
     # A negative length: fastavro read "the rest" and tripped further on; one pass names it.
-    one, three = both(claim, good[:2] + b"\x03id" + body[3:])
+    one, three = both(claim, good[:2] + b"\x03id" + body[3:] + tail)
     assert one == "invalid avro" and isinstance(three, str)
     # A varint of more than 64 bits: fastavro wrapped it around (so the re-encode differed).
-    one, three = both(claim, good[:2] + b"\x04id\x02\x02o" + b"\xff" * 9 + b"\x7f" + body[7:])
+    one, three = both(claim, good[:2] + b"\x04id\x02\x02o" + b"\xff" * 9 + b"\x7f" + body[7:] + tail)
     assert (one, three) == ("invalid avro", "non-canonical encoding")
 
 
@@ -120,6 +122,7 @@ def test_arrays_in_several_or_sized_blocks_are_non_canonical() -> None:
 def test_every_envelope_check_still_comes_first() -> None:
     claim = get_codec("claim")
     assert claim._read(b"\xa5\x02") == "truncated"
-    assert claim.decode(bytes((MAGIC, SCHEMA_IDS["claim"])) + b"\x04id\x02\x02o\x02\x00\x02\x02\x00") == {
+    assert claim.decode(bytes((MAGIC, SCHEMA_IDS["claim"])) + b"\x04id\x02\x02o\x02\x00\x02\x02\x00"
+                        + b"\x00\x02\x00") == {
         "identity": "id", "status": "CLAIMED", "owner": "o", "fence": 1, "lease_expires_ns": 0,
-        "ordinal": 1, "revision": 1, "outcome": None}
+        "ordinal": 1, "revision": 1, "outcome": None, "attempt": 0, "run": 1, "retry_due_ns": 0}

@@ -70,6 +70,9 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "ordinal": 0,
         "revision": 12,
         "outcome": OUTCOME,
+        "attempt": 2,
+        "run": 3,
+        "retry_due_ns": 0,
     },
     "outcome": OUTCOME,
     "schedule_definition": {

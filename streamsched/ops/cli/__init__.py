@@ -48,7 +48,7 @@ __all__ = ["DEFAULT_DATA_DIR", "EXIT_CODES", "build_parser", "cmd_acl", "cmd_bro
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        check_environment()
+        check_environment(args)
     except Exception as exc:  # noqa: BLE001 - a bad variable is one line and an exit code
         return report_failure(exc)
     if os.environ.get("STREAMSCHED_LOG", "").upper() != "DEBUG":

@@ -102,6 +102,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 # --- run ------------------------------------------------------------------------------------------
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from streamsched.ops import memtrace
     from streamsched.worker.intake import Worker, worker_config_from_env
 
     app = load_app(args.app)
@@ -118,6 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop = stop_on_signals()
         workers = [Worker(sched, config) for sched in selected]
         async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(memtrace.snapshots_on_signal())
             # Ready when every scheduler's worker is.
             await serve_status(stack, args, [w.metrics for w in workers],
                                 lambda: all(w.ready for w in workers))
@@ -154,10 +156,9 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     topic = args.topic or internal_topic("dlq", args.scheduler)
     bootstrap = connect(args)
     if args.action == "list":
-        views = asyncio.run(list_dead_letters(bootstrap, topic, limit=args.limit, kind=args.kind))
-        safe = [{"partition": v.partition, "offset": v.offset, "kind": v.kind, "source_topic": v.source_topic,
-                 "source_partition": v.source_partition, "source_offset": v.source_offset,
-                 "attempt": v.attempt, "at_ns": v.at_ns, "reason": v.reason} for v in views]
+        views = asyncio.run(list_dead_letters(bootstrap, topic, limit=args.limit, kind=args.kind,
+                                              oldest=args.oldest))
+        safe = [v.safe_dict() for v in views]
         show(args, safe, lambda _: format_dead_letters(views))  # never the original bytes or key
         return 0
     kinds = {args.kind} if args.kind else None
@@ -213,6 +214,9 @@ def cmd_outbox(args: argparse.Namespace) -> int:
 
         show(args, asyncio.run(once()))
         return 0
+    from streamsched.kafka.admin import load_dir
+
+    topics = load_dir(Path(args.dir))  # each intent is published in its topic's wire format
     bootstrap = connect(args)
     worker_id = args.worker_id or f"relay-{socket.gethostname()}-{os.getpid()}"
 
@@ -222,7 +226,7 @@ def cmd_outbox(args: argparse.Namespace) -> int:
             if args.create_schema:
                 await outbox.ensure_schema()
             await serve_status(stack, args, [outbox.metrics], lambda: True)
-            await outbox.relay(worker_id, stop, kafka=bootstrap)
+            await outbox.relay(worker_id, stop, kafka=bootstrap, topics=topics)
         print(json.dumps(outbox.metrics.snapshot()), file=sys.stderr)
 
     configure_logging()

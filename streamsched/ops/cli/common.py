@@ -143,13 +143,20 @@ every failure is one line on stderr ("streamsched: ..."); STREAMSCHED_LOG=DEBUG 
 """
 
 
-def check_environment(env: Mapping[str, str] | None = None) -> None:
-    """Every set ``STREAMSCHED_*`` variable checked against its declaration
-    (:mod:`streamsched.settings`) before a command starts: a bad value is a :class:`ConfigError`
-    naming the variable (never a secret's value), not a traceback or exit 4 later in a worker."""
+def check_environment(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> None:
+    """The set ``STREAMSCHED_*`` variables the command of ``args`` reads (all of them without
+    ``args``), checked against their declaration (:mod:`streamsched.settings`) before it starts:
+    a bad value is a :class:`ConfigError` naming the variable (never a secret's value), not a
+    traceback or exit 4 later in a worker. A variable only other commands read is left alone."""
     from streamsched import settings
 
-    settings.check(env)
+    if args is None:
+        settings.check(env)
+        return
+    words = " ".join(str(w) for w in (getattr(args, "command", None), getattr(args, "action", None)) if w)
+    # The connection flags' presence says the command talks to Kafka; `acl plan` does with --config.
+    connects = hasattr(args, "bootstrap") or getattr(args, "config", None) is not None
+    settings.check(env, command=words, connects=connects)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

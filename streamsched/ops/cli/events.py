@@ -40,6 +40,7 @@ def event_arg(text: str) -> Any:
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
+    from streamsched.kafka.admin import partition_counts
     from streamsched.kafka.producer import Producer, encode_event
     from streamsched.model.names import validate_name
 
@@ -52,6 +53,10 @@ def cmd_emit(args: argparse.Namespace) -> int:
     bootstrap = connect(args)
 
     async def send() -> Any:
+        # A missing topic is bad input, named at once (exit 2): the producer alone would wait for
+        # its metadata until the request timeout, warning on every retry, then fail like an
+        # unreachable cluster.
+        await partition_counts(bootstrap, [args.topic], authorized=True)
         async with Producer(bootstrap, wire_format=args.wire_format) as producer:
             return await producer.send(args.topic, ev)
 

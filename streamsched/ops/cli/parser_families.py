@@ -115,8 +115,11 @@ def _dlq_source(p: Parser) -> None:
 
 def add_dlq(sub: Any) -> None:
     fam = family(sub, "dlq", "list dead letters, or replay them to their source topic")
-    ls = command(fam, "list", "list a scheduler's dead letters (safe fields only)", cmd_dlq)
+    ls = command(fam, "list", "list a scheduler's newest dead letters (safe fields only)", cmd_dlq)
     _dlq_source(ls)
+    ls.add_argument("--oldest", action="store_true",
+                    help="the oldest dead letters, oldest first (default: the newest, newest first; "
+                         "by record time across partitions)")
     add_output(ls, json_alias=None)
     add_connection(ls)
     rp = command(fam, "replay", "replay dead letters to their source topic, or re-drive them", cmd_dlq)
@@ -230,6 +233,9 @@ def add_outbox(sub: Any) -> None:
     deprecated(r, "--lease-s", target="lease", use="--lease DURATION", convert=seconds, metavar="SECONDS")
     r.add_argument("--max-attempts", type=int, default=5, help="deliveries before an intent is dead")
     r.add_argument("--create-schema", action="store_true", help="create the table if missing")
+    r.add_argument("--dir", default="topics",
+                   help="directory of *.toml topic definitions: intents for a topic defined with "
+                        "format = \"registry\" are framed for the schema registry")
     add_connection(r)
     add_status_options(r, port_from_env=False)
     s = command(fam, "status", "counts: pending, leased, dead (by kind)", cmd_outbox)

@@ -27,6 +27,7 @@ from streamsched.ops.redrive import original_event
 from streamsched.ops.replay import group_state
 from streamsched.schedules.catalog import Catalog
 from streamsched.wire.dead_letter import DeadLetterView, safe_text, view_dead_letter
+from streamsched.wire.delay import RecordRef
 from streamsched.worker.app import SchedulerDef
 
 MAX_SCHEDULES = 500
@@ -167,6 +168,13 @@ class DeadLetterRow:
     identity: str | None = None
     """The ``sched_`` digest of the original's identity (None: it does not decode, or is not the
     scheduler's): the identity page's key, never the tenant or target it is made of."""
+    delay: RecordRef | None = None
+    """The delay-topic copy the worker read when it failed through one (a parked retry)."""
+
+    @property
+    def origin_known(self) -> bool:
+        """Whether ``source_offset`` names the original transition record (-1: unknown)."""
+        return self.source_offset >= 0
 
 
 def _identity(sched: SchedulerDef | None, view: DeadLetterView) -> str | None:
@@ -245,7 +253,8 @@ class DeadLetterTally:
                     self.counts[v.kind] += 1
                     self.newest.append(DeadLetterRow(v.partition, v.offset, v.kind, v.source_topic,
                                                      v.source_partition, v.source_offset, v.attempt,
-                                                     v.at_ns, v.reason, _identity(self.scheduler, v)))
+                                                     v.at_ns, v.reason, _identity(self.scheduler, v),
+                                                     v.delay))
                 budget -= len(records)
             self.positions[tp.partition] = await consumer.position(tp)
             if self.positions[tp.partition] < end[tp]:
