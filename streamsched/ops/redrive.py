@@ -105,9 +105,9 @@ async def targets_from_dlq(bootstrap: clients.Conn, scheduler: SchedulerDef, *, 
                            since_ns: int | None = None, limit: int = MAX_REDRIVE) -> list[Target]:
     """The scheduler's dead letters as re-drive targets: each decodable original of its topic
     that the scheduler selects, one per identity (its latest dead letter's event)."""
-    # Oldest first, so a later dead letter of an identity replaces an earlier one below.
-    views = await list_dead_letters(bootstrap, scheduler.dead_letter_topic, limit=limit, kind=kind,
-                                    oldest=True)
+    # Newest first: the bound keeps the most recent dead letters (those --since asks for), and
+    # an identity's latest dead letter is the first one seen of it.
+    views = await list_dead_letters(bootstrap, scheduler.dead_letter_topic, limit=limit, kind=kind)
     targets: dict[str, Target] = {}
     for v in views:
         if since_ns is not None and v.at_ns < since_ns:
@@ -115,8 +115,8 @@ async def targets_from_dlq(bootstrap: clients.Conn, scheduler: SchedulerDef, *, 
         ev = original_event(scheduler, v)
         if ev is not None:
             identity = identity_of(scheduler, ev)
-            targets[identity] = Target(identity, ev)
-    return list(targets.values())
+            targets.setdefault(identity, Target(identity, ev))
+    return list(reversed(targets.values()))  # re-driven in the order they failed
 
 
 def original_event(scheduler: SchedulerDef, view: DeadLetterView) -> TransitionEvent | None:

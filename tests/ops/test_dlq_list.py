@@ -9,6 +9,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -201,3 +202,46 @@ async def test_cli_lists_newest_first_with_both_locations(bootstrap: str, make_t
     table = (await cli("--limit", "2")).splitlines()
     assert "unknown" in table[1] and f"{DELAY}[1]@12" in table[1] and " 41 " in table[2]
 
+
+
+@pytest.mark.dlq
+async def test_redrive_from_the_dlq_takes_the_newest_dead_letters_and_each_identitys_latest(
+        bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str]) -> None:
+    """``redrive --from-dlq``'s targets: the bound keeps the most recent dead letters (a ``--since``
+    window is never crowded out by older ones), and an identity failed twice is re-driven once,
+    with its latest event."""
+    from streamsched import App, Selection, Turn
+    from streamsched.ops.redrive import targets_from_dlq
+    from streamsched.testing import make_event
+    from streamsched.wire.transition import encode_transition
+
+    app = App("dlqtargets")
+    name = unique("charges")
+
+    @app.scheduler(name=name, topic="invoices", selection=Selection("due", type="due"), commands=[])
+    async def handle(turn: Turn) -> None:
+        return None
+
+    sched = app.schedulers[name]
+    topic = await make_topic(kind="dead_letter", name=sched.dead_letter_topic)
+    events = [make_event("due", "t", [f"run-{i}"], due_ns=1) for i in range(6)]
+    again = make_event("due", "t", ["run-5"], due_ns=1)  # run-5 published again and failed: its latest
+    producer = clients.transactional_producer(bootstrap, f"dlq-targets-{topic}")
+    await producer.start()
+    try:
+        for at, ev in enumerate([*events, again]):
+            await producer.begin_transaction()
+            dl = dead_letter(kind="terminal", reason="handler_terminal", source_topic="invoices",
+                             source_partition=0, source_offset=at, attempt=1, at_ns=(at + 1) * 10**9,
+                             original=encode_transition(ev), original_key=b"k")
+            await producer.send(topic, dl.value, partition=0, headers=dl.headers)
+            await producer.commit_transaction()
+    finally:
+        await producer.stop()
+
+    got = await targets_from_dlq(bootstrap, sched, limit=3, since_ns=4 * 10**9)
+    # The newest three are run-4, run-5 and run-5 again: run-5 once, with its latest event.
+    assert [t.event.target for t in got] == [("run-4",), ("run-5",)]
+    assert got[1].event.event_id == again.event_id
+    everything = await targets_from_dlq(bootstrap, sched, limit=100)
+    assert [t.event.target for t in everything] == [(f"run-{i}",) for i in range(6)]
