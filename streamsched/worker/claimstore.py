@@ -86,6 +86,7 @@ from streamsched.kafka.progress import Progress
 from streamsched.metrics import Metrics
 from streamsched.model.claims import ClaimState
 from streamsched.wire.claim import CLAIM_PREFIX, decode_claim, encode_claim, resolved_at
+from streamsched.worker import heaptrim
 from streamsched.worker.rocksenv import StoreEnv
 from streamsched.worker.statebase import FLOOR_IDENTITY, FLOOR_KEY, HORIZON_DEFAULT_S, StateBase
 from streamsched.worker.storefaults import unwritable
@@ -270,6 +271,7 @@ class ClaimStore(StateBase):
                 if unwritable(exc) is None:
                     raise
             self.env.in_use.discard(self.path)
+            heaptrim.trim_soon()  # what RocksDB freed goes back to the system (see heaptrim)
             if self.ephemeral:
                 shutil.rmtree(self.path, ignore_errors=True)
 
