@@ -7,16 +7,18 @@ worker's owners take too (:func:`streamsched.kafka.changelog.replay`):
 1. a read barrier (:func:`streamsched.kafka.txn.read_barrier`): one committed tombstone of a key
    no schedule has, on the state partition. Only the partition's real leader can acknowledge
    it, so its offset is a lower bound of the state partition's real end;
-2. the definitions partition, every record in log order (definitions and requests);
+2. the definitions partition, every record in log order (definitions and requests), to an end at
+   or past the group's committed offset there (an end before it, too, was read from a stale
+   leader: :class:`~streamsched.errors.ChangelogBehind`);
 3. the state partition, to an end at or past the barrier: a shorter end was read from a stale
    leader (a broker cut off from the cluster that still serves its old log) and would have
    restored states older than those committed, so schedules would fire again what they already
    fired. It raises :class:`~streamsched.errors.ChangelogBehind`; the owner restarts and reads
    again with fresh metadata;
-4. the group's committed offsets of the feedback and definitions partitions.
 
-The definitions are read to the end their reader sees; the ticker's group consumer goes on from
-there, so a definition a stale read missed arrives through the intake.
+The group's committed offsets of the feedback and definitions partitions are read first. The
+definitions are read to the end their reader sees; the ticker's group consumer goes on from
+there, so a definition a stale read missed past the committed offset arrives through the intake.
 """
 
 from __future__ import annotations
@@ -38,14 +40,17 @@ async def restore(ctx: TickContext, owner: Owned) -> PartitionTicker:
     cat, p = ctx.catalog, owner.partition
     barrier = await read_barrier(owner.producer, cat.state_topic, p, metrics=ctx.metrics)
     book = ScheduleBook(ctx.metrics, p)
-    defs = await replay(ctx.bootstrap, cat.definitions_topic, p, book.apply_definitions, kind=KIND,
-                        metrics=ctx.metrics, stall_s=ctx.stall_s)
-    await replay(ctx.bootstrap, cat.state_topic, p, book.apply_states, kind=KIND, metrics=ctx.metrics,
-                 stall_s=ctx.stall_s, min_end=barrier)
     feedback = await FeedbackReader.open(ctx.bootstrap, cat.feedback_topic, p, cat.group, ctx.metrics)
     try:
         defs_tp = TopicPartition(cat.definitions_topic, p)
-        book.restored(await feedback.committed(defs_tp), defs.end)
+        committed = await feedback.committed(defs_tp)
+        # The group has consumed the definitions up to its committed offset: an end before it
+        # was read from a stale leader, and a definition it misses would reset a newer state.
+        defs = await replay(ctx.bootstrap, cat.definitions_topic, p, book.apply_definitions, kind=KIND,
+                            metrics=ctx.metrics, stall_s=ctx.stall_s, min_end=committed or 0)
+        await replay(ctx.bootstrap, cat.state_topic, p, book.apply_states, kind=KIND, metrics=ctx.metrics,
+                     stall_s=ctx.stall_s, min_end=barrier)
+        book.restored(committed, defs.end)
         return PartitionTicker(ctx, owner, book, feedback, resume={defs_tp: defs.end})
     except BaseException:
         await feedback.close()

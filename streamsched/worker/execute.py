@@ -128,6 +128,18 @@ class _Resumed:
                 return
 
 
+def first_attempt(st: ClaimState, ev: TransitionEvent) -> int:
+    """The attempt the next execution of ``st``'s identity is. The budget is the identity's (its
+    claim state), never the record's: a duplicate or a re-driven dead letter carries whatever
+    attempt it was written with. One exception: a state that has never recorded an attempt in
+    its first run, read with a record that carries a later one, is a retry parked by a version
+    that counted on the record only (its state decodes with attempt 0); that retry goes on from
+    the record's count instead of starting the budget again."""
+    if st.attempt == 0 and st.run == 1 and not st.parked:
+        return max(1, ev.attempt)
+    return st.attempt + 1
+
+
 async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry: RetryPolicy,
                   clock: Callable[[], int], metrics: Metrics, rng: random.Random,
                   on_suspend: Callable[[], None] | None = None,
@@ -139,9 +151,7 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
         metrics.inc("skipped_outcome")
         return None
     deadline = st.lease_expires_ns
-    # The budget is the identity's (its claim state), never the record's: a duplicate or a
-    # re-driven dead letter carries whatever attempt it was written with.
-    attempt = st.attempt + 1
+    attempt = first_attempt(st, ev)
     waited_in_place = False
     bounded = Bounded(on_suspend)
     while True:

@@ -19,8 +19,8 @@ a ctypes call is all it takes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
-import ctypes.util
 import logging
 from collections.abc import Callable
 
@@ -31,12 +31,11 @@ DELAY_S = 1.0
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        fn = getattr(libc, "malloc_trim", None)
+        libc = ctypes.CDLL(None)  # the process's own symbols: libc is among them, no lookup needed
     except OSError:
         return None
+    fn = getattr(libc, "malloc_trim", None)
     if fn is None:
         return None
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
@@ -82,7 +81,9 @@ def trim_soon(delay_s: float = DELAY_S) -> None:
     def run() -> None:
         global _pending
         _pending = None
-        loop.run_in_executor(None, trim).add_done_callback(_logged)
+        # RuntimeError: the loop is shutting its executor down, nothing left to trim for.
+        with contextlib.suppress(RuntimeError):
+            loop.run_in_executor(None, trim).add_done_callback(_logged)
 
     _pending = loop.call_later(delay_s, run)
 

@@ -5,7 +5,7 @@ end there would take schedules back to states older than those committed: they w
 what they fired since (tests/faults' broker cut shows the stale leader end to end for the worker).
 Here: every owner commits a barrier to its state partition before it restores, the restore that
 reaches it sees the schedules as committed (the tombstone is nobody's state), and one that ends
-before it is refused.
+before it is refused; so is one whose definitions end before the group's committed offset there.
 """
 
 from __future__ import annotations
@@ -92,6 +92,19 @@ async def test_a_tickers_restore_must_reach_the_read_barrier(catalog: Catalog, m
         monkeypatch.setattr(restore_module, "read_barrier", beyond_the_end)
         with pytest.raises(ChangelogBehind, match=r"is behind offset"):
             await restore(ctx, owner)
+        monkeypatch.setattr(restore_module, "read_barrier", real)
+
+        # A definitions end before the group's committed offset there (a stale leader's, whose
+        # missing definition would reset a newer state): refused too.
+        real_committed = restore_module.FeedbackReader.committed
+
+        async def ahead(self: Any, tp: Any) -> int:
+            return ((await real_committed(self, tp)) or 0) + 5
+
+        monkeypatch.setattr(restore_module.FeedbackReader, "committed", ahead)
+        with pytest.raises(ChangelogBehind) as refused:
+            await restore(ctx, owner)
+        assert refused.value.topic == catalog.definitions_topic
     finally:
         await producer.stop()
 

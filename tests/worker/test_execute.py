@@ -5,6 +5,7 @@ task, with a timeout only once it suspends, and with errors and cancellation pas
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -144,3 +145,22 @@ async def test_on_suspend_runs_once_when_a_call_first_waits_before_it_resumes() 
 
     await never.run(instant(), clock() + 10**9, clock)
     assert quiet == []
+
+
+def test_the_first_attempt_comes_from_the_identity_except_for_a_retry_parked_before_it_counted() -> None:
+    from streamsched.model.claims import ClaimState, ClaimStatus
+    from streamsched.testing import make_event
+    from streamsched.worker.execute import first_attempt
+
+    ev = make_event("due", "t", ["run-1"], due_ns=1)
+    third = dataclasses.replace(ev, attempt=3)  # a delay-topic copy of attempt 3
+    fresh = ClaimState("sched_x", ClaimStatus.CLAIMED, "w", 1, 0, 1, 1)
+    assert first_attempt(fresh, ev) == 1
+    # A state that never recorded an attempt in its first run (written before the count moved
+    # into the claim state): the parked copy's attempt goes on.
+    assert first_attempt(fresh, third) == 3
+    # Otherwise the identity's count, whatever the record carries (a duplicate, a re-drive).
+    counted = dataclasses.replace(fresh, attempt=2)
+    assert first_attempt(counted, ev) == 3 and first_attempt(counted, dataclasses.replace(ev, attempt=7)) == 3
+    rerun = dataclasses.replace(fresh, run=2)  # re-driven: a new run from attempt 1
+    assert first_attempt(rerun, third) == 1
