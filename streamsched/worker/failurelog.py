@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from streamsched.logs import RateLimiter
+from streamsched.logs import RateLimiter, safe_traceback
 from streamsched.model.retry import FailureRecord
 
 if TYPE_CHECKING:
@@ -42,7 +42,8 @@ def attempt_failed(scheduler: str, identity: str, failure: FailureRecord, next_s
     key = (scheduler, "failed attempt", failure.cause_kind)
     if LIMITER.log(log, logging.WARNING, key, "attempt %d failed: %s (%s); %s", failure.attempt,
                    failure.cause_kind, failure.error_type, next_step, extra=extra):
-        log.debug("attempt %d failed", failure.attempt, exc_info=exc, extra=extra)
+        # Where it failed, never what the message says (a handler may quote its payload there).
+        log.debug("attempt %d failed\n%s", failure.attempt, safe_traceback(exc), extra=extra)
 
 
 def dead_lettered(scheduler: str, letters: Iterable[tuple[Item, tuple[str, str], int]]) -> None:

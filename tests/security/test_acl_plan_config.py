@@ -18,10 +18,12 @@ async def test_acl_plan_with_a_config_file_says_which_bindings_the_cluster_holds
         secure: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
     assert secure.security is not None
     granted, missing = f"granted-{uuid.uuid4().hex[:8]}", f"missing-{uuid.uuid4().hex[:8]}"
-    await acl.apply(secure.connection(), acl.plan_producer([granted], "User:service"))
+    # A principal of its own: other tests on this cluster judge User:service's exact ACLs.
+    principal = f"User:planner-{uuid.uuid4().hex[:8]}"
+    await acl.apply(secure.connection(), acl.plan_producer([granted], principal))
     admin_file = secure.security.write_client_file(secure.bootstrap, "admin")
     argv = ["acl", "plan", "--role", "producer", "--topic", granted, "--topic", missing,
-            "--principal", "User:service", "--config", str(admin_file)]
+            "--principal", principal, "--config", str(admin_file)]
 
     assert await _main([*argv, "-o", "json"]) == 0
     held = {(d["resource_name"], d["operation"]): d["held"] for d in json.loads(capsys.readouterr().out)}
