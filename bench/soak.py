@@ -49,7 +49,8 @@ workers get SIGTERM, and the audit runs (consumers.harness.audit plus the fault 
   worker process alive from minute 20 of 90 to the end, scaled for shorter runs): its RSS at the
   end more than 5 % from its RSS at the middle minute, or its RSS minus what the claim stores'
   bounded caches report (``store_memory_bytes``) more than 5 % from that minute's value at any
-  later minute. ``--store-cache-bytes`` shrinks the decoded-claim caches so they fill early;
+  later minute. ``--store-cache-bytes`` and ``--block-cache-bytes`` shrink the decoded-claim
+  caches and RocksDB's block cache so they fill early;
   ``--tracemalloc-at`` has the long-lived workers write allocation snapshots and reports what
   grew between them by source line (a diagnostic: tracing costs memory of its own);
 * an identity sent was never executed (lost);
@@ -236,6 +237,8 @@ class Soak:
                     "STREAMSCHED_CLAIM_DURATION_S": str(args.claim_s)}
         if args.store_cache_bytes is not None:
             self.env["STREAMSCHED_STORE_CACHE_BYTES"] = str(args.store_cache_bytes)
+        if args.block_cache_bytes is not None:
+            self.env["STREAMSCHED_STORE_BLOCK_CACHE_BYTES"] = str(args.block_cache_bytes)
         self.snapshots = (soak_memory.Snapshots(workdir / "tracemalloc", [*args.tracemalloc_at, args.minutes])
                           if args.tracemalloc_at else None)
         if self.snapshots:
@@ -648,6 +651,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--drain-s", type=float, default=300.0, help="deadline for lag 0 at the end")
     ap.add_argument("--store-cache-bytes", type=int,
                     help="the workers' STREAMSCHED_STORE_CACHE_BYTES (smaller: the caches fill sooner)")
+    ap.add_argument("--block-cache-bytes", type=int,
+                    help="the workers' STREAMSCHED_STORE_BLOCK_CACHE_BYTES (smaller: it fills sooner)")
     ap.add_argument("--tracemalloc-at", type=lambda t: [int(m) for m in t.split(",") if m], default=[],
                     help="minutes (comma-separated) at which the long-lived workers write a tracemalloc "
                          "snapshot (and at the end); the summary reports what grew between them")

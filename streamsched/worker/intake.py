@@ -87,6 +87,8 @@ class WorkerConfig:
     :func:`worker_config_from_env`)."""
     store_cache_bytes: int = 4 * 1024 * 1024
     """Decoded claim snapshots a disk store caches, per owned partition."""
+    store_block_cache_bytes: int = 16 * 1024 * 1024
+    """RocksDB's block cache, shared by every disk store of the worker."""
     outcome_horizon_s: float = HORIZON_DEFAULT_S
     """How long a resolved identity is remembered (1 h .. 365 d; see :mod:`streamsched.worker.store`):
     an event replayed after it runs again, guarded only by the destination's idempotency key."""
@@ -115,7 +117,8 @@ class Worker:
         if config.store_dir is not None:
             from streamsched.worker.rocksenv import StoreEnv  # rocksdict only when asked for
 
-            self.stores = StoreEnv(config.store_dir, cache_bytes=config.store_cache_bytes)
+            self.stores = StoreEnv(config.store_dir, cache_bytes=config.store_cache_bytes,
+                                   block_cache_bytes=config.store_block_cache_bytes)
         # A batch that cannot be decoded (a codec without its library...) stops its partition only.
         self.fetch = FetchGuard(self.metrics, lambda tp: "delay" if tp.topic == scheduler.delay_topic
                                 else "transition")
@@ -349,6 +352,7 @@ def worker_config_from_env(bootstrap: clients.Conn | None = None, *, default_sto
                             ("commit_interval_s", "STREAMSCHED_COMMIT_INTERVAL", None),
                             ("store_dir", "STREAMSCHED_STORE_DIR", None),
                             ("store_cache_bytes", "STREAMSCHED_STORE_CACHE_BYTES", None),
+                            ("store_block_cache_bytes", "STREAMSCHED_STORE_BLOCK_CACHE_BYTES", None),
                             ("outcome_horizon_s", "STREAMSCHED_OUTCOME_HORIZON", None)):
         if key in overrides:
             continue

@@ -460,3 +460,16 @@ async def test_the_stores_memory_is_reported_and_bounded(env: StoreEnv) -> None:
         assert env.cache_bytes - 2 * ENTRY_OVERHEAD < used["decoded"] <= env.cache_bytes
     finally:
         store.close()
+
+
+def test_the_block_cache_is_sized_from_the_environment(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamsched.worker.intake import WorkerConfig, worker_config_from_env
+
+    monkeypatch.setenv("STREAMSCHED_STORE_BLOCK_CACHE_BYTES", "2097152")
+    config = worker_config_from_env("127.0.0.1:9092", store_dir=str(tmp_path / "s"))
+    assert config.store_block_cache_bytes == 2097152
+    assert WorkerConfig(bootstrap="x").store_block_cache_bytes == 16 * 1024 * 1024  # the default
+    monkeypatch.setenv("STREAMSCHED_STORE_BLOCK_CACHE_BYTES", "-1")
+    with pytest.raises(ConfigError, match="STREAMSCHED_STORE_BLOCK_CACHE_BYTES"):
+        worker_config_from_env("127.0.0.1:9092", store_dir=str(tmp_path / "s"))

@@ -53,7 +53,10 @@ environment (besides the flags' own):
   STREAMSCHED_COMMIT_INTERVAL     how long a Kafka-native transaction gathers batches, and how
                                   often offsets ride a transaction, a duration (default 0.1s)
   STREAMSCHED_STORE_CACHE_BYTES   with --store-dir: bytes of decoded claims cached in memory per
-                                  worker (default 4194304; RocksDB's own cache is separate)
+                                  owned partition (default 4194304; RocksDB's own cache is separate)
+  STREAMSCHED_STORE_BLOCK_CACHE_BYTES
+                                  with --store-dir: bytes of RocksDB's block cache, shared by the
+                                  worker's stores (default 16777216)
   STREAMSCHED_LOG                 log level: debug, info, warning (default), error; DEBUG also
                                   prints tracebacks
   STREAMSCHED_LOG_FORMAT          text (default) or json: one JSON object per line, with the
