@@ -29,7 +29,8 @@ class Script:
     failures: int = 0
     attempts: list[int] = field(default_factory=list)
 
-    def app(self, policy: RetryPolicy = POLICY) -> App:
+    def app(self, policy: RetryPolicy = POLICY, *, name: str = "charges", topic: str = "invoices",
+            claim_duration_s: float = 30.0) -> App:
         app = App("budget")
 
         @external_command()
@@ -39,8 +40,8 @@ class Script:
                 self.failures -= 1
                 raise Retryable("the payment service is busy")
 
-        @app.scheduler(name="charges", topic="invoices", selection=Selection("due", type="due"),
-                       commands=[charge], retry=policy)
+        @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"),
+                       commands=[charge], retry=policy, claim_duration_s=claim_duration_s)
         async def handle(turn: Turn) -> None:
             await turn.commands.charge()
 

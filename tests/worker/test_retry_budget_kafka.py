@@ -10,17 +10,15 @@ model of every state a duplicate can meet, are tests/worker/test_retry_budget*.p
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import pytest
 
-from streamsched import App, CommandContext, Selection, Turn, external_command
-from streamsched.model.retry import Retryable, RetryPolicy
+from streamsched.model.retry import RetryPolicy
 from streamsched.ops.inspect import format_view, inspect_identity
 from streamsched.ops.redrive import redrive, targets_from_dlq
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
-from streamsched.worker.app import SchedulerDef
 from tests.conftest import TopicFactory
+from tests.worker.test_retry_budget import Script
 
 pytestmark = [pytest.mark.kafka, pytest.mark.dlq]
 
@@ -30,31 +28,6 @@ right after the second failure is read while the retry is parked. (Were it read 
 run that retry itself, as attempt 3: the count below is the same either way.)"""
 POLICY = RetryPolicy(initial_interval_s=BACKOFF_S, backoff_coefficient=1.0, maximum_interval_s=BACKOFF_S,
                      maximum_attempts=3, jitter=0.0)
-
-
-@dataclass
-class Command:
-    """Fails retryably ``failures`` more times, then succeeds; records every attempt."""
-
-    failures: int
-    attempts: list[int] = field(default_factory=list)
-
-    def scheduler(self, topic: str, name: str) -> SchedulerDef:
-        app = App("budget")
-
-        @external_command()
-        async def charge(ctx: CommandContext) -> None:
-            self.attempts.append(ctx.attempt)
-            if self.failures > 0:
-                self.failures -= 1
-                raise Retryable("the payment service is busy")
-
-        @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[charge],
-                       claim_duration_s=5, retry=POLICY)
-        async def handle(turn: Turn) -> None:
-            await turn.commands.charge()
-
-        return app.schedulers[name]
 
 
 def holds(pred: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
@@ -67,8 +40,9 @@ def holds(pred: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
 async def test_a_duplicate_joins_the_parked_retry_and_a_dlq_redrive_starts_a_new_run(
         bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str]) -> None:
     topic = await make_topic("budget", partitions=2)
-    command = Command(failures=3)
-    sched = command.scheduler(topic, unique("budget").replace("-", "_"))
+    command = Script(failures=3)
+    name = unique("budget").replace("-", "_")
+    sched = command.app(POLICY, name=name, topic=topic, claim_duration_s=5).schedulers[name]
     first = make_event("due", "acme", ["inv-1"])
     async with running_worker(sched, bootstrap) as worker:
         await produce_events(bootstrap, topic, [first])
