@@ -174,6 +174,9 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        **_WORKERS),
     _v("HEARTBEAT", "duration", "consumer-group heartbeat interval", default="1s", low=0.1, high=600,
        **_WORKERS),
+    _v("INSTANCE_ID", "str", "static group membership: this process's stable name in its groups (as "
+       "--instance-id; e.g. a StatefulSet pod's name); restarted within the session timeout it gets its "
+       "partitions back without a rebalance", default="none (dynamic membership)", **_WORKERS),
     _v("COMMIT_INTERVAL", "duration", "how long a Kafka-native transaction gathers batches, and how "
        "often consumed offsets ride a transaction", default="0.1s", low=0, high=60, **_WORKERS),
     _v("SESSION_TIMEOUT_MS", "int", "deprecated: STREAMSCHED_SESSION_TIMEOUT in milliseconds",

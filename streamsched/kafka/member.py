@@ -30,19 +30,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from streamsched.errors import StreamschedError
+from streamsched.errors import ConfigError, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.owner import Owners, OwnerSpec
 from streamsched.kafka.protocols import GroupConsumer, PartitionKey, TopicPartitionLike
 from streamsched.metrics import Metrics
 
-__all__ = ["GroupMember", "Membership", "Resumable", "rebalance_timeout_ms"]
+__all__ = ["GroupMember", "Membership", "Resumable", "check_instance_id", "rebalance_timeout_ms"]
 
 
 class Resumable(Protocol):
@@ -53,6 +54,17 @@ class Resumable(Protocol):
 
 
 P = TypeVar("P", bound=Resumable)
+
+
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def check_instance_id(instance_id: str | None) -> None:
+    """Refuse a ``group.instance.id`` the broker would refuse at join (Kafka's rule: at most 249
+    of ``[A-Za-z0-9._-]``, not ``.`` or ``..``), as a one-line error before anything connects."""
+    if instance_id is not None and (not _INSTANCE_ID.fullmatch(instance_id) or instance_id in (".", "..")):
+        raise ConfigError("instance id must be 1-249 characters of letters, digits, '.', '_' and '-' "
+                          "(e.g. a StatefulSet pod's name)")
 
 
 def rebalance_timeout_ms(shutdown_deadline_s: float) -> int:
@@ -76,6 +88,10 @@ class Membership:
     heartbeat_interval_ms: int = 1_000
     shutdown_deadline_s: float = 10.0
     consumer_options: Mapping[str, Any] = field(default_factory=dict)
+    instance_id: str | None = None
+    """``group.instance.id`` (static membership): a member restarted under the same id within
+    the session timeout gets its partitions back without a rebalance, and a member that stops
+    does not leave the group (its partitions wait for it up to the session timeout)."""
 
 
 def _noop(*_args: object) -> None:
@@ -197,7 +213,8 @@ class GroupMember(Generic[P]):
         consumer = clients.consumer(
             self.owners.spec.bootstrap, group_id=m.group, client_id=m.client_id,
             session_timeout_ms=m.session_timeout_ms, heartbeat_interval_ms=m.heartbeat_interval_ms,
-            rebalance_timeout_ms=rebalance_timeout_ms(m.shutdown_deadline_s), **dict(m.consumer_options))
+            rebalance_timeout_ms=rebalance_timeout_ms(m.shutdown_deadline_s), group_instance_id=m.instance_id,
+            **dict(m.consumer_options))
         self._consumer = consumer
         consumer.subscribe(list(m.topics), listener=Listener())
         await consumer.start()

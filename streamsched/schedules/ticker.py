@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streamsched.kafka import clients
-from streamsched.kafka.member import GroupMember, Membership
+from streamsched.kafka.member import GroupMember, Membership, check_instance_id
 from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.txn import RETRY_BACKOFF_MS, TRANSACTION_TIMEOUT_MS
 from streamsched.metrics import Metrics
@@ -44,6 +44,11 @@ class TickerConfig:
     clock: Callable[[], int] = field(default=time.time_ns)
     shutdown_deadline_s: float = 10.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    instance_id: str | None = None
+    """Static group membership (see :class:`streamsched.kafka.member.Membership`)."""
+
+    def __post_init__(self) -> None:
+        check_instance_id(self.instance_id)
 
 
 class Ticker:
@@ -65,7 +70,8 @@ class Ticker:
         membership = Membership(group=catalog.group, topics=(catalog.definitions_topic,),
                                 client_id=config.owner, session_timeout_ms=config.session_timeout_ms,
                                 heartbeat_interval_ms=config.heartbeat_interval_ms,
-                                shutdown_deadline_s=config.shutdown_deadline_s)
+                                shutdown_deadline_s=config.shutdown_deadline_s,
+                                instance_id=config.instance_id)
         self.member: GroupMember[PartitionTicker] = GroupMember(membership, spec, self.metrics)
         self.owners = self.member.owners
 

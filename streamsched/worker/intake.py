@@ -33,7 +33,7 @@ from streamsched import settings
 from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import apply, partition_counts
-from streamsched.kafka.member import GroupMember, Membership
+from streamsched.kafka.member import GroupMember, Membership, check_instance_id
 from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
 from streamsched.kafka.registry import SchemaCache, client_for
@@ -95,8 +95,12 @@ class WorkerConfig:
     transaction_deadline_s: float = TXN_DEADLINE_S
     """A partition's transaction not committed after this long fails its owner (which restarts
     on a fresh producer); also the producers' transaction timeout (see kafka/txn.py)."""
+    instance_id: str | None = None
+    """Static group membership (see :class:`streamsched.kafka.member.Membership`): this
+    process's stable name in its groups, e.g. a StatefulSet pod's name. None: dynamic."""
 
     def __post_init__(self) -> None:
+        check_instance_id(self.instance_id)
         if not 1.0 <= self.transaction_deadline_s <= MAX_TXN_DEADLINE_S:
             raise ConfigError(f"transaction_deadline_s must be within 1..{MAX_TXN_DEADLINE_S:.0f} s")
 
@@ -139,7 +143,7 @@ class Worker:
         membership = Membership(
             group=s.group, topics=(s.topic, s.delay_topic), client_id=config.owner,
             session_timeout_ms=config.session_timeout_ms, heartbeat_interval_ms=config.heartbeat_interval_ms,
-            shutdown_deadline_s=config.shutdown_deadline_s,
+            shutdown_deadline_s=config.shutdown_deadline_s, instance_id=config.instance_id,
             consumer_options={"max_poll_interval_ms": config.max_poll_interval_ms,
                               "max_partition_fetch_bytes": 1024 * 1024,
                               "partition_assignment_strategy": (RangePartitionAssignor,)})
@@ -351,6 +355,7 @@ def worker_config_from_env(bootstrap: clients.Conn | None = None, *, default_sto
                             ("heartbeat_interval_ms", "STREAMSCHED_HEARTBEAT", 1000),
                             ("commit_interval_s", "STREAMSCHED_COMMIT_INTERVAL", None),
                             ("store_dir", "STREAMSCHED_STORE_DIR", None),
+                            ("instance_id", "STREAMSCHED_INSTANCE_ID", None),
                             ("store_cache_bytes", "STREAMSCHED_STORE_CACHE_BYTES", None),
                             ("store_block_cache_bytes", "STREAMSCHED_STORE_BLOCK_CACHE_BYTES", None),
                             ("outcome_horizon_s", "STREAMSCHED_OUTCOME_HORIZON", None)):

@@ -109,8 +109,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     selected = app.select(args.scheduler)
     # --no-create-topics: a least-authority role has no CREATE; its topics are an operator's job.
     # --store-dir / --outcome-horizon: unset leaves the environment's (or the default) in force.
-    store = {k: v for k, v in (("store_dir", args.store_dir), ("outcome_horizon_s", args.outcome_horizon))
-             if v is not None}
+    store = {k: v for k, v in (("store_dir", args.store_dir), ("outcome_horizon_s", args.outcome_horizon),
+                               ("instance_id", args.instance_id)) if v is not None}
     config = worker_config_from_env(connect(args), default_store=True,
                                     ensure_topics=not args.no_create_topics, replication=args.replication,
                                     allow_single_replica=args.allow_single_replica, **store)

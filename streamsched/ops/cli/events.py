@@ -172,7 +172,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
-def ticker_config(bootstrap: Any) -> Any:
+def ticker_config(bootstrap: Any, instance_id: str | None = None) -> Any:
     """The ticker's group settings from the same ``STREAMSCHED_*`` variables as a worker's. A
     ticker keeps no claim store: the image's ``STREAMSCHED_STORE_DIR`` (absent or read-only in a
     ticker's pod) is never looked at."""
@@ -180,15 +180,16 @@ def ticker_config(bootstrap: Any) -> Any:
     from streamsched.worker.intake import worker_config_from_env
     from streamsched.worker.rocksenv import MEMORY
 
-    wc = worker_config_from_env(bootstrap, store_dir=MEMORY)
+    given = {"instance_id": instance_id} if instance_id is not None else {}
+    wc = worker_config_from_env(bootstrap, store_dir=MEMORY, **given)
     return TickerConfig(bootstrap=bootstrap, owner=wc.owner, session_timeout_ms=wc.session_timeout_ms,
-                        heartbeat_interval_ms=wc.heartbeat_interval_ms)
+                        heartbeat_interval_ms=wc.heartbeat_interval_ms, instance_id=wc.instance_id)
 
 
 def _run_ticker(catalog: Any, args: argparse.Namespace) -> int:
     from streamsched.schedules.ticker import Ticker
 
-    config = ticker_config(catalog.bootstrap)
+    config = ticker_config(catalog.bootstrap, args.instance_id)
 
     async def main() -> None:
         stop = stop_on_signals()

@@ -189,6 +189,14 @@ def add_status_options(p: argparse.ArgumentParser, *, port_from_env: bool) -> No
                         "0.0.0.0 in a container)")
 
 
+def add_instance_id(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--instance-id", default=None, metavar="NAME",
+                   help="static group membership: this process's stable name in its groups, e.g. a "
+                        "StatefulSet pod's name (env STREAMSCHED_INSTANCE_ID; default: dynamic). Restarted "
+                        "within the session timeout it gets its partitions back without a rebalance; "
+                        "stopped, its partitions wait for it up to the session timeout")
+
+
 def add_single_replica_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-single-replica", action="store_true",
                    help="allow creating internal topics with replication factor 1 on a multi-broker cluster "

@@ -25,6 +25,7 @@ from streamsched.ops.cli.grammar import (
     Parser,
     add_app,
     add_connection,
+    add_instance_id,
     add_output,
     add_scheduler,
     add_single_replica_option,
@@ -63,6 +64,8 @@ environment (besides the flags' own):
                                   scheduler, partition, identity digest, offset and fence
 
 The first SIGTERM or SIGINT drains, commits and leaves the group (exit 0); a second stops at once.
+With --instance-id (static membership) it does not leave: its partitions wait for a successor under
+the same id, up to the session timeout, and move only then.
 """
 
 
@@ -113,6 +116,7 @@ def build_parser() -> Parser:
     r.add_argument("--outcome-horizon", default=None, type=_horizon, metavar="DURATION",
                    help="how long a resolved identity is remembered, e.g. 7d, 36h (1h..365d; env "
                         "STREAMSCHED_OUTCOME_HORIZON; default 7d); an event replayed later runs again")
+    add_instance_id(r)
     add_connection(r)
     add_status_options(r, port_from_env=True)
 

@@ -16,6 +16,7 @@ from streamsched.ops.cli.grammar import (
     Parser,
     add_app,
     add_connection,
+    add_instance_id,
     add_output,
     add_scheduler,
     add_single_replica_option,
@@ -209,6 +210,7 @@ def add_schedule(sub: Any) -> None:
     tk = command(fam, "tick", "run the ticker that fires due occurrences (a long-running service)",
                  cmd_schedule, epilog=_SCHEDULE_EPILOG)
     _catalog(tk, creates=True)
+    add_instance_id(tk)
     add_status_options(tk, port_from_env=False)
 
 
