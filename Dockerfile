@@ -37,9 +37,9 @@ ENV PYTHONUNBUFFERED=1 \
     STREAMSCHED_LEDGER=/data/ledger.sqlite3 \
     STREAMSCHED_STORE_DIR=/var/lib/streamsched
 # Claim stores (RocksDB per owned partition) live in /var/lib/streamsched: a cache of the state
-# topic, so mounting a volume there (`-v stores:/var/lib/streamsched`; k8s: an emptyDir) only
-# makes restarts warm; losing it costs a cold restore, never correctness. Not a VOLUME: one-shot
-# commands (emit, topics apply) would each leave an anonymous volume behind.
+# topic, so mounting a volume there (`-v stores:/var/lib/streamsched`; k8s: a volume claim per
+# pod) only makes restarts warm; losing it costs a cold restore, never correctness. Not a VOLUME:
+# one-shot commands (emit, topics apply) would each leave an anonymous volume behind.
 EXPOSE 9464
 # No HEALTHCHECK here: only a worker (`run`), a ticker or a relay started with --status-port serves
 # /readyz, so an image-wide check would mark a relay or a one-shot command unhealthy. compose.yaml

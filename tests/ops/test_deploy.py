@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from streamsched.ops import cli
-from streamsched.worker.intake import WorkerConfig
+from streamsched.worker.intake import WorkerConfig, worker_config_from_env
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -61,6 +61,13 @@ def dockerfile() -> list[tuple[str, str]]:
         word, _, rest = full.partition(" ")
         out.append((word.upper(), rest.strip()))
     return out
+
+
+def image_store_dir() -> str:
+    """Where the image's workers keep their claim stores (its STREAMSCHED_STORE_DIR)."""
+    store = re.search(r"STREAMSCHED_STORE_DIR=(\S+)", (ROOT / "Dockerfile").read_text())
+    assert store is not None
+    return store.group(1)
 
 
 def k8s_docs() -> list[dict[str, Any]]:
@@ -170,10 +177,10 @@ def test_kubernetes_example_probes_grace_and_commands(monkeypatch: pytest.Monkey
     docs = k8s_docs()
     kustomization = next(d for d in docs if d["kind"] == "Kustomization")
     assert all((K8S / r).exists() for r in kustomization["resources"])
-    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
     jobs = [d for d in docs if d["kind"] == "Job"]
-    assert len(deployments) >= 2 and jobs
-    for d in deployments:
+    assert len(workloads) >= 2 and jobs
+    for d in workloads:
         pod = d["spec"]["template"]["spec"]
         assert pod["terminationGracePeriodSeconds"] > DRAIN_S + 5, d["metadata"]["name"]
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -188,14 +195,72 @@ def test_kubernetes_example_probes_grace_and_commands(monkeypatch: pytest.Monkey
         assert "STREAMSCHED_SASL_PASSWORD" not in env  # secrets come from mounted files
         assert args.no_create_topics, f"{d['metadata']['name']}: least authority, the job creates topics"
         if args.fn is cli.cmd_run:  # claims on disk: the root filesystem is read-only, so a volume
-            store = re.search(r"STREAMSCHED_STORE_DIR=(\S+)", (ROOT / "Dockerfile").read_text())
-            assert store is not None
             mounts = {m["mountPath"] for m in container["volumeMounts"]}
-            assert store.group(1) in mounts, d["metadata"]["name"]
+            assert image_store_dir() in mounts, d["metadata"]["name"]
     for job in jobs:
         (container,) = job["spec"]["template"]["spec"]["containers"]
         job_args = check_command(container["args"], monkeypatch)
         assert job_args.catalog == ["default"]  # the ticker's catalog: it may not create it
+
+
+def test_kubernetes_group_members_are_statefulsets_with_static_membership(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every long-running group member (the workers, the ticker) is a StatefulSet whose pod name
+    is its instance id, behind the headless Service it names, with a session timeout that
+    outlasts a pod's replacement and a budget of one voluntary disruption; a worker's claim
+    stores are on a volume claim of its own, so a restarted pod restores warm."""
+    docs = k8s_docs()
+
+    def named(kind: str) -> dict[str, dict[str, Any]]:
+        return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+    sets, services, budgets = named("StatefulSet"), named("Service"), named("PodDisruptionBudget")
+    assert {"due-runs", "ticker"} <= set(sets) and not named("Deployment")
+    for name, workload in sets.items():
+        spec = workload["spec"]
+        service = services[spec["serviceName"]]["spec"]
+        assert service["clusterIP"] == "None" and service["selector"] == spec["selector"]["matchLabels"]
+        assert spec["podManagementPolicy"] == "Parallel" and spec["updateStrategy"]["type"] == "RollingUpdate"
+        assert budgets[name]["spec"] == {"maxUnavailable": 1, "selector": spec["selector"]}
+        (container,) = spec["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["STREAMSCHED_INSTANCE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        # What the process makes of the pod's environment (a pod name is a valid instance id).
+        monkeypatch.setenv("STREAMSCHED_INSTANCE_ID", f"{name}-0")
+        monkeypatch.setenv("STREAMSCHED_SESSION_TIMEOUT", env["STREAMSCHED_SESSION_TIMEOUT"]["value"])
+        config = worker_config_from_env("kafka:9092", store_dir=":memory:")
+        assert config.instance_id == f"{name}-0"
+        # Above a pod's replacement; within the broker's default group.max.session.timeout.ms.
+        assert 30_000 <= config.session_timeout_ms <= 1_800_000, name
+        args = cli.build_parser().parse_args(container["args"])
+        if args.fn is cli.cmd_run:
+            claims = {t["metadata"]["name"] for t in spec["volumeClaimTemplates"]}
+            store = next(m for m in container["volumeMounts"] if m["mountPath"] == image_store_dir())
+            assert store["name"] in claims, name  # not an emptyDir: it outlives the pod
+
+
+def test_the_autoscaling_example_is_opt_in_and_bounded_by_the_partitions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HorizontalPodAutoscaler is not applied by default (it needs prometheus-adapter), scales
+    a StatefulSet of workers on the declared lag gauge, and never past the partition count."""
+    from streamsched.kafka.admin import load_dir
+    from streamsched.metrics import METRICS, PREFIX
+
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert "autoscaling-example.yaml" not in kustomization["resources"]
+    (hpa,) = yaml.safe_load_all((K8S / "autoscaling-example.yaml").read_text())
+    assert hpa["kind"] == "HorizontalPodAutoscaler"
+    target = hpa["spec"]["scaleTargetRef"]
+    workload = next(d for d in k8s_docs() if d["kind"] == target["kind"] == "StatefulSet"
+                    and d["metadata"]["name"] == target["name"])
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["pods"]["metric"]["name"] == PREFIX + "lag" and METRICS["lag"].type == "gauge"
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    args = check_command(container["args"], monkeypatch)
+    partitions = {t.name: t.partitions for t in load_dir(ROOT / "topics")}
+    topics = {s.topic for s in cli.load_app(args.app).schedulers.values()}
+    assert hpa["spec"]["minReplicas"] >= 1
+    assert hpa["spec"]["maxReplicas"] <= min(partitions[t] for t in topics)
 
 
 def test_the_deployment_page_says_what_was_checked_where() -> None:
