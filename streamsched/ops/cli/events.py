@@ -180,7 +180,7 @@ def ticker_config(bootstrap: Any, instance_id: str | None = None) -> Any:
     from streamsched.worker.intake import worker_config_from_env
     from streamsched.worker.rocksenv import MEMORY
 
-    given = {"instance_id": instance_id} if instance_id is not None else {}
+    given: dict[str, Any] = {"instance_id": instance_id} if instance_id is not None else {}
     wc = worker_config_from_env(bootstrap, store_dir=MEMORY, **given)
     return TickerConfig(bootstrap=bootstrap, owner=wc.owner, session_timeout_ms=wc.session_timeout_ms,
                         heartbeat_interval_ms=wc.heartbeat_interval_ms, instance_id=wc.instance_id)
