@@ -135,7 +135,7 @@ fault-tools:
 
 test-kafka-other: venv jars
 	env -u STREAMSCHED_TEST_BOOTSTRAP STREAMSCHED_KAFKA_VERSION=$(KAFKA_OTHER) \
-	  $(BIN)/python -m pytest -q -ra tests/kafka/test_broker_compat.py tests/crash
+	  $(BIN)/python -m pytest -q -ra tests/kafka/test_broker_compat.py tests/kafka/test_txn_generation.py tests/crash
 
 test-unit: venv
 	$(BIN)/python -m pytest -q -m "not kafka"

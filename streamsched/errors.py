@@ -153,11 +153,54 @@ class FencedOut(StreamschedError):
         self.partition = partition
 
 
+class GenerationFenced(FencedOut):
+    """The group coordinator refused a transaction's offsets: they carried a consumer-group
+    generation the group has moved on from (``reason`` is Kafka's error: ILLEGAL_GENERATION,
+    UNKNOWN_MEMBER_ID or FENCED_INSTANCE_ID; or the member was not in the group at all). The
+    transaction can only abort, so nothing a zombie member wrote becomes visible. A fencing like
+    the producer's: ``topic``/``partition`` is the first offset refused, ``generation`` the one
+    sent (-1: none)."""
+
+    kind = "generation_fenced"
+
+    def __init__(self, topic: str, partition: int, group: str, generation: int, reason: str) -> None:
+        StreamschedError.__init__(self, f"offsets of {topic}[{partition}] refused by group {group!r} "
+                                        f"for generation {generation}: {reason}")
+        self.topic = topic
+        self.partition = partition
+        self.group = group
+        self.generation = generation
+        self.reason = reason
+
+
+class OffsetsNotStable(StreamschedError):
+    """A group's committed offsets could not be read as stable within the deadline: a transaction
+    still held offsets pending for a partition (UNSTABLE_OFFSET_COMMIT: the previous owner's
+    transaction had not ended) or the group coordinator did not answer. Starting from the offset
+    committed before that transaction could handle its records twice; ``reason`` is the last
+    answer (a Kafka error name)."""
+
+    kind = "offsets_not_stable"
+
+    def __init__(self, group: str, reason: str) -> None:
+        super().__init__(f"committed offsets of group {group!r} are not stable: {reason}")
+        self.group = group
+        self.reason = reason
+
+
 class TransactionStuck(StreamschedError):
     """A partition owner's transaction did not commit within its deadline; the owner restarts
     with a fresh producer."""
 
     kind = "transaction_stuck"
+
+
+class RoundAborted(StreamschedError):
+    """The transaction a partition owner shared with the member's other partitions aborted
+    (another partition's write failed, or its owner stopped): nothing of it is visible, and the
+    owner restarts from committed state."""
+
+    kind = "round_aborted"
 
 
 class ChangelogBehind(StreamschedError):

@@ -7,7 +7,7 @@ answers three questions about a topic:
 * **identity**: the cluster id and the topic id. A topic that was deleted and created again under
   the same name gets a new topic id, and a different cluster has a different cluster id; either
   way the offsets a store remembers mean nothing there. aiokafka 0.14 speaks Metadata only up to
-  v5 (no topic ids), so a flexible Metadata v10 is sent through :mod:`streamsched.kafka.compat`
+  v5 (no topic ids), so a flexible Metadata v10 is built by :mod:`streamsched.kafka.compat_requests`
   (Kafka 2.8+; against an older broker neither the store nor the cluster has a topic id and the
   offset checks decide). The request is asked again while it fails transiently; an id the
   cluster has but cannot tell right now is None, so a store is not trusted (a cold restore,
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamsched.errors import ChangelogBehind
-from streamsched.kafka import clients, compat
+from streamsched.kafka import clients, compat, compat_requests
 from streamsched.kafka.admin import describe_configs
 from streamsched.kafka.progress import Progress
 from streamsched.kafka.protocols import ConsumerRecord
@@ -95,7 +95,7 @@ async def _identity(admin: Any, topic: str) -> tuple[str | None, str | None]:
             for attempt in range(1, IDENTITY_ATTEMPTS + 1):
                 retry = False
                 try:
-                    resp = await compat.send_request(admin, compat.topic_id_request([topic]))
+                    resp = await compat.send_request(admin, compat_requests.topic_id_request([topic]))
                     cluster_id = resp.cluster_id or cluster_id
                     codes = [(code, raw) for code, name, raw, *_ in resp.topics if name == topic]
                     for code, raw in codes:

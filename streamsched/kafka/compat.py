@@ -1,12 +1,17 @@
-"""Every use of aiokafka's private internals, in one place.
+"""Every use of aiokafka's private internals, in one place (with the two siblings named below).
 
 aiokafka 0.14 (the pinned range) lacks a public call for a few things streamsched must do; each
 is a small named function here, with why it is needed. Nothing else in the package touches an
 underscored aiokafka attribute (tests/kafka/test_compat.py greps for it), and every function is
 pinned by a test there that fails with a clear message when an aiokafka release renames, removes
 or changes what it relies on. Reads are defensive where a fallback is safe (a missing attribute
-gives None or nothing, and the caller degrades as its docs say); the metadata-v10 request and
-``send_request`` have no fallback and raise.
+gives None or nothing, and the caller degrades as its docs say); ``send_request`` has no fallback
+and raises.
+
+Two sibling modules share this boundary (the check allows them, the same test file pins them):
+:mod:`streamsched.kafka.compat_requests` builds the protocol requests aiokafka does not speak
+(Metadata v10, TxnOffsetCommit v3, OffsetFetch v7), and :mod:`streamsched.kafka.compat_offsets`
+fences a transaction's offsets by the consumer group's generation (KIP-447).
 
 Importing this module does not import aiokafka (clients are built lazily, so a pure process
 never loads it).
@@ -17,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from io import BytesIO
 from typing import Any
 
 from streamsched.kafka.protocols import TopicPartitionLike
@@ -414,77 +418,3 @@ def failed_partition(exc: BaseException) -> TopicPartitionLike | None:
             found = getattr(owner, "_topic_partition", None) or found
         tb = tb.tb_next
     return found
-
-
-def topic_id_request(topics: list[str]) -> Any:
-    """A Metadata v10 request for ``topics``, for :func:`send_request`.
-
-    aiokafka 0.14 speaks Metadata only up to v5 (no topic ids); a flexible v10 (Kafka 2.8+) is
-    built here from aiokafka's protocol types. Its response has ``cluster_id`` and ``topics`` of
-    ``(error_code, name, topic_id (16 bytes), ...)``."""
-    from aiokafka.protocol.abstract import AbstractType
-    from aiokafka.protocol.api import Request, RequestStruct, Response
-    from aiokafka.protocol.types import (
-        Boolean,
-        CompactArray,
-        CompactString,
-        Int16,
-        Int32,
-        Schema,
-        TaggedFields,
-    )
-
-    class Uuid(AbstractType[bytes]):  # type: ignore[misc]
-        @classmethod
-        def encode(cls, value: bytes) -> bytes:
-            return bytes(value)
-
-        @classmethod
-        def decode(cls, data: BytesIO) -> bytes:
-            raw = data.read(16)
-            if len(raw) != 16:
-                raise ValueError("buffer underrun decoding a uuid")
-            return raw
-
-    def text() -> Any:
-        return CompactString("utf-8")
-
-    class MetadataResponse_v10(Response):  # type: ignore[misc]
-        API_KEY = 3
-        API_VERSION = 10
-        SCHEMA = Schema(
-            ("throttle_time_ms", Int32),
-            ("brokers", CompactArray(("node_id", Int32), ("host", text()), ("port", Int32),
-                                     ("rack", text()), ("tags", TaggedFields))),
-            ("cluster_id", text()),
-            ("controller_id", Int32),
-            ("topics", CompactArray(
-                ("error_code", Int16), ("name", text()), ("topic_id", Uuid), ("is_internal", Boolean),
-                ("partitions", CompactArray(
-                    ("error_code", Int16), ("partition_index", Int32), ("leader_id", Int32),
-                    ("leader_epoch", Int32), ("replica_nodes", CompactArray(Int32)),
-                    ("isr_nodes", CompactArray(Int32)), ("offline_replicas", CompactArray(Int32)),
-                    ("tags", TaggedFields))),
-                ("topic_authorized_operations", Int32), ("tags", TaggedFields))),
-            ("cluster_authorized_operations", Int32),
-            ("tags", TaggedFields))
-
-    class MetadataRequest_v10(RequestStruct):  # type: ignore[misc]
-        FLEXIBLE_VERSION = True
-        API_KEY = 3
-        API_VERSION = 10
-        RESPONSE_TYPE = MetadataResponse_v10
-        SCHEMA = Schema(
-            ("topics", CompactArray(("topic_id", Uuid), ("name", text()), ("tags", TaggedFields))),
-            ("allow_auto_topic_creation", Boolean),
-            ("include_cluster_authorized_operations", Boolean),
-            ("include_topic_authorized_operations", Boolean),
-            ("tags", TaggedFields))
-
-    class TopicIdRequest(Request[MetadataRequest_v10]):  # type: ignore[misc]
-        API_KEY = 3
-
-        def build(self, request_struct_class: Any) -> Any:
-            return request_struct_class([(bytes(16), t, {}) for t in topics], False, False, False, {})
-
-    return TopicIdRequest()

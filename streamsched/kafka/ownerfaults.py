@@ -31,7 +31,9 @@ from collections.abc import Awaitable, Callable
 from streamsched import settings
 from streamsched.errors import (
     ChangelogBehind,
+    OffsetsNotStable,
     RegistryUnavailable,
+    RoundAborted,
     StoreUnwritable,
     StreamschedError,
     TransactionStuck,
@@ -56,6 +58,8 @@ class InjectedFault(StreamschedError):
 ROUTINE_ERRORS: dict[type[BaseException], str] = {
     ChangelogBehind: "the state topic's end was read from a stale leader; restoring again",
     TransactionStuck: "a transaction did not commit within its deadline",
+    RoundAborted: "the transaction it shared with the member's other partitions aborted",
+    OffsetsNotStable: "an earlier owner's transaction still held the partition's offsets",
     StoreUnwritable: "its claim store cannot be written",
     RegistryUnavailable: "the schema registry is unavailable",
     InjectedFault: "injected by STREAMSCHED_OWNER_FAULTS",

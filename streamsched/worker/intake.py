@@ -38,6 +38,7 @@ from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPoli
 from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
 from streamsched.kafka.registry import SchemaCache, client_for
 from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S, read_barrier
+from streamsched.kafka.txnstream import TxnPort, TxnStream
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_id
 from streamsched.wire.delay import due_ns
@@ -45,6 +46,7 @@ from streamsched.worker.app import SchedulerDef
 from streamsched.worker.duework import DueIndex, DueItem
 from streamsched.worker.fetchguard import FetchGuard
 from streamsched.worker.partition import PartitionRunner
+from streamsched.worker.sharedtxn import shared_stream, stable_resume
 from streamsched.worker.statebase import HORIZON_DEFAULT_S, StateBase, check_horizon
 from streamsched.worker.store import open_state
 from streamsched.worker.turn import TurnRunner
@@ -99,8 +101,16 @@ class WorkerConfig:
     """Static group membership (see :class:`streamsched.kafka.member.Membership`): this
     process's stable name in its groups, e.g. a StatefulSet pod's name. None: dynamic."""
 
+    transactions: str = "partition"
+    """``partition``: one transactional producer per owned partition, each fencing the earlier
+    owners of its partition. ``worker`` (a preview): one producer for all of them, whose every
+    transaction commits offsets checked against the group's generation
+    (:mod:`streamsched.kafka.txnstream`)."""
+
     def __post_init__(self) -> None:
         check_instance_id(self.instance_id)
+        if self.transactions not in ("partition", "worker"):
+            raise ConfigError("transactions must be 'partition' or 'worker'")
         if not 1.0 <= self.transaction_deadline_s <= MAX_TXN_DEADLINE_S:
             raise ConfigError(f"transaction_deadline_s must be within 1..{MAX_TXN_DEADLINE_S:.0f} s")
 
@@ -135,7 +145,11 @@ class Worker:
                                             transaction_timeout_ms=int(config.transaction_deadline_s * 1000),
                                             retry_backoff_ms=RETRY_BACKOFF_MS,
                                             client_id=f"{config.owner}-p{p}"),
-            restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s)
+            restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s,
+            make_producer=None if config.transactions == "partition" else self._port)
+        self.stream: TxnStream | None = None if config.transactions == "partition" else shared_stream(
+            s, bootstrap=config.bootstrap, member=config.instance_id or config.owner, metrics=self.metrics,
+            deadline_s=config.transaction_deadline_s, consumer=lambda: self.member.consumer)
         from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
         # Range assignment gives one member the same partition numbers of both topics, so the
@@ -189,6 +203,8 @@ class Worker:
         try:
             await self.member.run(stop, lambda: self._poll(stop), self._tend)
         finally:
+            if self.stream is not None:
+                await self.stream.close()
             if self.stores is not None:
                 self.stores.close()
             if self.schemas is not None:
@@ -203,8 +219,20 @@ class Worker:
         for tp in self.member.tps(partition):
             self.fetch.forget(tp)
 
+    def _port(self, partition: int) -> TxnPort:
+        """The owner of ``partition``'s port of the shared stream (its transition and delay
+        partitions are the offsets it commits)."""
+        assert self.stream is not None
+        return self.stream.port(self.member.tps(partition))
+
     async def _restore(self, owner: PartitionOwner[PartitionRunner]) -> Body[PartitionRunner]:
         p = owner.partition
+        resume: dict[PartitionKey, int] | None = None
+        if isinstance(owner.producer, TxnPort):
+            # No producer fenced the earlier owners: wait out their open transactions first
+            # (see streamsched.worker.sharedtxn), then every round of ours carries these offsets.
+            resume = await stable_resume(self.consumer, self.scheduler.group, self.member.tps(p))
+            owner.producer.carry(resume)
         # After the producer fenced every earlier owner: the state partition's end is final. The
         # barrier is the end as the partition's real leader has it; the restore must reach it.
         barrier = await read_barrier(owner.producer, self.scheduler.state_topic, p,
@@ -213,13 +241,13 @@ class Worker:
                                  horizon_s=self.config.outcome_horizon_s, metrics=self.metrics,
                                  min_end=barrier)
         try:
-            return await self._resume(owner, state)
+            return await self._resume(owner, state, resume)
         except BaseException:
             state.close()
             raise
 
-    async def _resume(self, owner: PartitionOwner[PartitionRunner],
-                      state: StateBase) -> Body[PartitionRunner]:
+    async def _resume(self, owner: PartitionOwner[PartitionRunner], state: StateBase,
+                      resume: dict[PartitionKey, int] | None = None) -> Body[PartitionRunner]:
         p = owner.partition
         self.metrics.inc("restored_identities", state.identities())
         turns = TurnRunner(self.scheduler, p, owner.producer, state,
@@ -229,12 +257,13 @@ class Worker:
                            txn_deadline_s=self.config.transaction_deadline_s, schemas=self.schemas)
         # Resume from the committed offsets, read after our fence: no earlier owner can move
         # them any more, and a failed batch of a previous owner of ours comes back.
-        resume: dict[PartitionKey, int] = {}
-        for tp in self.member.tps(p):
-            offset = await asyncio.wait_for(self.consumer.committed(tp), OFFSET_LOOKUP_S)
-            if offset is None:
-                offset = (await self.consumer.beginning_offsets([tp]))[tp]
-            resume[tp] = int(offset)
+        if resume is None:
+            resume = {}
+            for tp in self.member.tps(p):
+                offset = await asyncio.wait_for(self.consumer.committed(tp), OFFSET_LOOKUP_S)
+                if offset is None:
+                    offset = (await self.consumer.beginning_offsets([tp]))[tp]
+                resume[tp] = int(offset)
         # Seeded with where it resumes, a partition that receives nothing still steps over
         # trailing markers (4n), also when nothing was ever committed: a delay partition that
         # holds only an aborted transaction (a parking owner failed before its commit) must
@@ -356,6 +385,7 @@ def worker_config_from_env(bootstrap: clients.Conn | None = None, *, default_sto
                             ("commit_interval_s", "STREAMSCHED_COMMIT_INTERVAL", None),
                             ("store_dir", "STREAMSCHED_STORE_DIR", None),
                             ("instance_id", "STREAMSCHED_INSTANCE_ID", None),
+                            ("transactions", "STREAMSCHED_TRANSACTIONS", None),
                             ("store_cache_bytes", "STREAMSCHED_STORE_CACHE_BYTES", None),
                             ("store_block_cache_bytes", "STREAMSCHED_STORE_BLOCK_CACHE_BYTES", None),
                             ("outcome_horizon_s", "STREAMSCHED_OUTCOME_HORIZON", None)):
@@ -364,6 +394,8 @@ def worker_config_from_env(bootstrap: clients.Conn | None = None, *, default_sto
         value = settings.value(env)
         if value is not None:
             overrides[key] = round(value * scale) if scale else value
+    if isinstance(overrides.get("transactions"), str):
+        overrides["transactions"] = overrides["transactions"].lower()
     if not overrides.get("store_dir", True):
         del overrides["store_dir"]
     if default_store and "store_dir" not in overrides:

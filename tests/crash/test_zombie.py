@@ -1,8 +1,10 @@
 """A paused (SIGSTOP) worker loses its partitions and, once resumed, cannot write anything.
 
-aiokafka has no KIP-447 generation fencing, so this is the proof that partition-bound
-transactional ids do the job: the zombie's ledger write is refused by its stale fence, its state
-writes and offset commits are refused by the broker, and every effect happens once.
+Both fencing designs: partition-bound transactional ids (a successor's producer fences the
+zombie's), and one producer per worker whose offsets carry the group generation (the zombie's
+transaction is refused at the group coordinator). Either way the zombie's ledger write is refused
+by its stale fence, its state writes and offset commits never become visible, and every effect
+happens once.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from streamsched.testing import WorkerProcess, wait_drained, wait_for
 pytestmark = [pytest.mark.kafka, pytest.mark.crash, pytest.mark.zombie]
 
 
-async def test_sigstopped_worker_is_fenced(bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transactions", ["partition", "worker"])
+async def test_sigstopped_worker_is_fenced(bootstrap: str, tmp_path: Path, transactions: str) -> None:
     wf, events = await seeded_workflow(bootstrap, "due_runs", "zombie", tmp_path, partitions=2,
                                        unique=12, duplicates=4)
-    env = {**wf.env, **FAST_FAILOVER_ENV}
+    env = {**wf.env, **FAST_FAILOVER_ENV, "STREAMSCHED_TRANSACTIONS": transactions}
 
     zombie = WorkerProcess(wf.app_ref, bootstrap, env={**env, "STREAMSCHED_LEDGER_LATENCY_S": "3"},
                            log_path=tmp_path / "zombie.log").start()

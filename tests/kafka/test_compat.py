@@ -33,14 +33,17 @@ from aiokafka.producer.message_accumulator import BatchBuilder, MessageAccumulat
 from aiokafka.producer.transaction_manager import TransactionManager
 from aiokafka.record.memory_records import MemoryRecords
 
-from streamsched.kafka import clients, compat, protocols
+from streamsched.kafka import clients, compat, compat_requests, protocols
+from streamsched.kafka.compat_offsets import group_generation
 
 PACKAGE = Path(__file__).resolve().parents[2] / "streamsched"
 
 
 def _changed(what: str, user: str) -> str:
-    return (f"aiokafka {aiokafka.__version__} changed {what}, which streamsched.kafka.compat.{user} "
-            f"relies on (read from aiokafka {compat.AIOKAFKA_RANGE}): adapt compat.{user}")
+    """``user``: a function of compat, or ``module.function`` of a sibling (compat_offsets...)."""
+    where = user if "." in user else f"compat.{user}"
+    return (f"aiokafka {aiokafka.__version__} changed {what}, which streamsched.kafka.{where} "
+            f"relies on (read from aiokafka {compat.AIOKAFKA_RANGE}): adapt {where}")
 
 
 def _method(cls: type, name: str, params: list[str], user: str, *, coroutine: bool) -> None:
@@ -486,14 +489,14 @@ def test_failed_partition_names_the_partition_whose_batch_did_not_decode() -> No
 
 
 def test_the_topic_id_request_encodes_metadata_v10_and_decodes_its_answer() -> None:
-    request = compat.topic_id_request(["t"])
+    request = compat_requests.topic_id_request(["t"])
     struct = request.prepare({3: (0, 12)})  # what AIOKafkaConnection.send does with a Request
     assert (struct.API_KEY, struct.API_VERSION, struct.FLEXIBLE_VERSION) == (3, 10, True)
     # topics: [(zero uuid, "t", no tags)], no auto-create, no authorized operations, no tags.
     assert struct.encode() == b"\x02" + bytes(16) + b"\x02t\x00" + b"\x00\x00\x00\x00"
     src = inspect.getsource(AIOKafkaConnection.send)
     assert "request.prepare(self._versions)" in src, _changed("how a connection sends a Request",
-                                                              "topic_id_request")
+                                                              "compat_requests.topic_id_request")
 
     raw_id = uuid.uuid4().bytes
     response_type = type(struct).RESPONSE_TYPE
@@ -506,15 +509,87 @@ def test_the_topic_id_request_encodes_metadata_v10_and_decodes_its_answer() -> N
 
 def test_an_old_broker_without_metadata_v10_is_refused_before_sending() -> None:
     with pytest.raises(NotImplementedError):
-        compat.topic_id_request(["t"]).prepare({3: (0, 5)})
+        compat_requests.topic_id_request(["t"]).prepare({3: (0, 5)})
 
 
-# --- the boundary: private uses stay in compat.py ------------------------------------------------
+def test_group_generation_reads_the_consumers_group_coordinator() -> None:
+    from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance, GroupCoordinator
+
+    user = "compat_offsets.group_generation"
+    _assigns(aiokafka.AIOKafkaConsumer.start, "_coordinator", user)
+    for attr in ("generation", "member_id", "_group_instance_id"):
+        _assigns(GroupCoordinator.__init__, attr, user)
+    # Set from the JoinGroup answer, and back to -1 / "" when the coordinator forgets the member.
+    joined = _class_source(CoordinatorGroupRebalance)
+    assert "self._coordinator.generation = response.generation_id" in joined, \
+        _changed("where the consumer keeps its generation", user)
+    reset = inspect.getsource(GroupCoordinator.reset_generation)
+    assert "self.generation = OffsetCommitRequest.DEFAULT_GENERATION_ID" in reset, \
+        _changed("GroupCoordinator.reset_generation", user)
+
+    coordinator = SimpleNamespace(generation=-1, member_id="", _group_instance_id=None)
+    consumer = SimpleNamespace(_coordinator=coordinator)
+    assert group_generation(consumer) is None  # not in a generation
+    coordinator.generation, coordinator.member_id = 4, "m-1"
+    assert group_generation(consumer) == (4, "m-1", None)
+    coordinator._group_instance_id = "worker-1"  # a static member
+    assert group_generation(consumer) == (4, "m-1", "worker-1")
+    assert group_generation(SimpleNamespace(_coordinator=None)) is None  # not started, or no group
+
+
+def test_generation_fenced_offsets_replaces_what_the_sender_runs_for_a_transactions_offsets() -> None:
+    from aiokafka.producer.sender import BaseHandler, Sender, TxnOffsetCommitHandler
+
+    user = "compat_offsets.generation_fenced_offsets"
+    _assigns(AIOKafkaProducer.__init__, "_sender", user)
+    _assigns(Sender.__init__, "_txn_manager", user)
+    _method(Sender, "_do_txn_offset_commit", ["offsets", "group_id"], user, coroutine=True)
+    _method(Sender, "_find_coordinator", ["coordinator_type", "coordinator_key"], user, coroutine=True)
+    # The instance attribute only takes effect because the sender routine looks it up on self.
+    assert "self._do_txn_offset_commit(" in inspect.getsource(Sender._maybe_do_transactional_request), \
+        _changed("how the sender commits a transaction's offsets", user)
+    # What the replacement does as the original: the group's coordinator, then the handler there.
+    original = inspect.getsource(Sender._do_txn_offset_commit)
+    for step in ("self._find_coordinator(CoordinationType.GROUP, group_id)",
+                 "TxnOffsetCommitHandler(self, offsets, group_id)", "await handler.do(node_id)"):
+        assert step in original, _changed(f"Sender._do_txn_offset_commit ({step})", user)
+    _method(TxnOffsetCommitHandler, "__init__", ["sender", "offsets", "group_id"], user, coroutine=False)
+    for attr in ("_offsets", "_group_id"):
+        _assigns(TxnOffsetCommitHandler.__init__, attr, user)
+    _assigns(BaseHandler.__init__, "_sender", user)
+    do = inspect.getsource(BaseHandler.do)
+    assert "self.create_request()" in do and "self.handle_response(resp)" in do, \
+        _changed("BaseHandler.do", user)
+    # The answer shape aiokafka's own handling reads (v0), which the v3 answer is given in.
+    handles = inspect.getsource(TxnOffsetCommitHandler.handle_response)
+    assert "for topic, partitions in resp.errors:" in handles, \
+        _changed("TxnOffsetCommitHandler.handle_response", user)
+    # error_transaction forgets what the broker's transaction holds, so an abort after it would
+    # look empty and send no EndTxn; compat_offsets puts both back.
+    forgets = inspect.getsource(TransactionManager.error_transaction)
+    assert "self._txn_partitions.clear()" in forgets and "self._txn_consumer_group = None" in forgets, \
+        _changed("TransactionManager.error_transaction", user)
+    assert "self._txn_consumer_group is None" in inspect.getsource(TransactionManager.is_empty_transaction), \
+        _changed("TransactionManager.is_empty_transaction", user)
+
+
+def test_fetch_stable_offsets_uses_the_clients_public_calls() -> None:
+    user = "compat_offsets.fetch_stable_offsets"
+    _method(AIOKafkaClient, "coordinator_lookup", ["coordinator_type", "coordinator_key"], user,
+            coroutine=True)
+    _method(AIOKafkaClient, "send", ["node_id", "request", "group"], user, coroutine=True)
+
+
+# --- the boundary: private uses stay in compat.py and its siblings -------------------------------
+
+COMPAT_MODULES = frozenset({"kafka/compat.py", "kafka/compat_requests.py", "kafka/compat_offsets.py"})
+"""The modules allowed to reach into aiokafka's internals (``streamsched/``-relative)."""
 
 PRIVATE_NAMES = ("_send_request", "_client", "_coordinator", "_txn_manager", "_fetcher", "_topics",
                  r"_proc_\w+", "_subscription", "_message_accumulator", "_get_conn", "_versions",
                  "_transaction_waiter", "_pid_waiter", "_pending_txn_offsets", "_pending_batches",
-                 "_drain_waiter", "_topic_partition", "_unpack_records")
+                 "_drain_waiter", "_topic_partition", "_unpack_records", "_sender", "_find_coordinator",
+                 r"_do_txn_\w+", "_txn_partitions", "_txn_consumer_group", "_group_instance_id")
 _NAMES = "|".join(PRIVATE_NAMES)
 PRIVATE_USE = re.compile(
     rf"(?<![\w])(?!self\.|cls\.)\w+(?:\(\))?\.(?:{_NAMES})\b"       # obj._fetcher, obj()._client
@@ -525,16 +600,16 @@ PRIVATE_USE = re.compile(
 
 def test_private_aiokafka_attributes_are_used_only_in_compat() -> None:
     """Best effort (``self._x`` of our own classes is allowed; an aiokafka subclass reaching into
-    its base must call compat too): the names aiokafka keeps private, as attributes or getattr
-    strings, and imports of its private modules or names."""
+    its base must live in a compat module too): the names aiokafka keeps private, as attributes or
+    getattr strings, and imports of its private modules or names."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path == PACKAGE / "kafka" / "compat.py":
+        if path.relative_to(PACKAGE).as_posix() in COMPAT_MODULES:
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if PRIVATE_USE.search(line.split("#", 1)[0]):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{n}: {line.strip()}")
-    assert not found, "private aiokafka use outside streamsched/kafka/compat.py:\n" + "\n".join(found)
+    assert not found, f"private aiokafka use outside {sorted(COMPAT_MODULES)}:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("line", [

@@ -1,0 +1,76 @@
+"""The worker's one transaction stream, when ``WorkerConfig.transactions`` is ``"worker"``.
+
+Every owned partition writes through a port of one :class:`~streamsched.kafka.txnstream.TxnStream`
+(one producer, one transaction at a time for the whole worker), whose offsets carry the group
+generation the round began in. What changes for a partition's owner is its restore, in this
+order, because nothing fences an earlier owner at the owner's start any more:
+
+1. its committed offsets are read *stable* (OffsetFetch ``require_stable``): while an earlier
+   owner's transaction still holds offsets of the partition (a zombie's round), the broker
+   answers "unstable" and the restore waits until that transaction ended;
+2. the port carries them, so its rounds commit them again, unchanged, until the turn moves them
+   (every round is checked against the group's generation);
+3. the read barrier (a round of its own, so also checked) and the state restore to it, as before.
+
+A zombie member (paused past its session timeout while its partitions moved) either finds its
+round refused at the TxnOffsetCommit (a stale generation, or no generation at all once its
+consumer noticed), or, if its offsets were accepted before the group moved on, holds the new
+owner at step 1 until its transaction ends; then the new owner's restore reads what it wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from streamsched.kafka import clients
+from streamsched.kafka.compat_offsets import fetch_stable_offsets, generation_fenced_offsets, group_generation
+from streamsched.kafka.protocols import GroupConsumer, PartitionKey, TopicPartitionLike, TransactionalProducer
+from streamsched.kafka.txn import RETRY_BACKOFF_MS
+from streamsched.kafka.txnstream import TxnStream
+from streamsched.metrics import Metrics
+from streamsched.model.names import transactional_prefix
+from streamsched.worker.app import SchedulerDef
+
+OFFSET_LOOKUP_S = 30.0
+"""Bound on the stable offset lookup of a restore: an earlier owner's open transaction ends
+within its transaction timeout (aborted by the broker at worst), and a restart asks again."""
+
+
+def worker_transactional_id(scheduler: SchedulerDef, member: str) -> str:
+    """``streamsched:scheduler:<group>:<topic>:w-<member>``: under the scheduler's transactional
+    prefix (its ACL is unchanged). ``member`` is the instance id when there is one, so a
+    successor under the same id fences its predecessor's producer; else the process's owner
+    name (unique per process)."""
+    return f"{transactional_prefix('scheduler', scheduler.group, scheduler.topic)}w-{member}"
+
+
+def shared_stream(scheduler: SchedulerDef, *, bootstrap: clients.Conn, member: str, metrics: Metrics,
+                  deadline_s: float, consumer: Callable[[], GroupConsumer]) -> TxnStream:
+    """The worker's stream; ``consumer()`` is the group member's consumer (its generation)."""
+    txn_id = worker_transactional_id(scheduler, member)
+
+    def make() -> TransactionalProducer:
+        return clients.transactional_producer(
+            bootstrap, txn_id, max_batch_size=1024 * 1024, max_request_size=2 * 1024 * 1024,
+            request_timeout_ms=30_000, transaction_timeout_ms=int(deadline_s * 1000),
+            retry_backoff_ms=RETRY_BACKOFF_MS, client_id=f"{member}-txn")
+
+    stream: TxnStream = TxnStream(
+        make, scheduler.group, metrics=metrics, deadline_s=deadline_s,
+        prepare=lambda producer: generation_fenced_offsets(producer, stream.round_generation),
+        generation=lambda: group_generation(consumer()))
+    return stream
+
+
+async def stable_resume(consumer: GroupConsumer, group: str,
+                        tps: Sequence[TopicPartitionLike]) -> dict[PartitionKey, int]:
+    """Where each of ``tps`` resumes: its stable committed offset, else the log's start."""
+    found = await fetch_stable_offsets(consumer, group, tps, deadline_s=OFFSET_LOOKUP_S)
+    resume: dict[PartitionKey, int] = {}
+    for tp in tps:
+        offset = found.get(tp)
+        if offset is None:
+            offset = (await asyncio.wait_for(consumer.beginning_offsets([tp]), OFFSET_LOOKUP_S))[tp]
+        resume[tp] = int(offset)
+    return resume
