@@ -191,7 +191,8 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     _v("STORE_DIR", "path", "where `run` keeps claim state (RocksDB); `:memory:` keeps it in memory "
        "(empty: the default)", default="$XDG_STATE_HOME/streamsched/stores", commands=("run",)),
     _v("STORE_CACHE_BYTES", "int", "bytes of decoded claims a worker caches in memory with a store "
-       "directory", default="4194304", low=0, **_WORKERS),
+       "directory, all its partitions together (each gets an equal share)", default="33554432", low=0,
+       **_WORKERS),
     _v("STORE_BLOCK_CACHE_BYTES", "int", "bytes of RocksDB's block cache, shared by a worker's claim "
        "stores", default="16777216", low=0, **_WORKERS),
     _v("OUTCOME_HORIZON", "duration", "how long a resolved identity is remembered (as "

@@ -44,9 +44,9 @@ when it is not trusted, e.g. nothing was flushed yet, not even the header); the 
 everything. Before a write that has a WAL (the turn's), everything is flushed and the store
 reopened normally (:meth:`ClaimStore._settle`), so a WAL never covers data the memtable lost.
 
-Memory: a Python cache of decoded snapshots bounded in bytes (``cache_bytes`` per partition,
-least recently used out), plus RocksDB's block cache and memtables, shared by every partition
-of a worker and bounded (:class:`StoreEnv`).
+Memory: a Python cache of decoded snapshots bounded in bytes (its share of the worker's
+``cache_bytes``, least recently used out), plus RocksDB's block cache and memtables: all three
+budgeted per worker, not per partition (:class:`StoreEnv`).
 
 Measured (bench/restore.py, 1,000,000 identities over 8 partitions, one worker process, this
 2-core machine shared with the broker and other jobs; medians of 3 after a warm-up, 2026-12-04,
@@ -134,7 +134,7 @@ class ClaimStore(StateBase):
 
     @property
     def decoded_bytes(self) -> int:
-        """Bytes the cache of decoded snapshots holds (at most ``env.cache_bytes``)."""
+        """Bytes the cache of decoded snapshots holds (at most its share of ``env.cache_bytes``)."""
         return self._cache_size
 
     # --- files -------------------------------------------------------------------------------------
@@ -414,7 +414,8 @@ class ClaimStore(StateBase):
         cost = size + len(identity) + ENTRY_OVERHEAD
         self._cache[identity] = (st, cost)
         self._cache_size += cost
-        while self._cache_size > self.env.cache_bytes and self._cache:
+        limit = self.env.store_cache_bytes()
+        while self._cache_size > limit and self._cache:
             _, (_, evicted) = self._cache.popitem(last=False)
             self._cache_size -= evicted
 

@@ -87,8 +87,9 @@ class WorkerConfig:
     restart then reads only the state partition's tail. None: claims are kept in memory (this
     class's default, for tests and embedding; ``streamsched run`` defaults to a directory, see
     :func:`worker_config_from_env`)."""
-    store_cache_bytes: int = 4 * 1024 * 1024
-    """Decoded claim snapshots a disk store caches, per owned partition."""
+    store_cache_bytes: int = 32 * 1024 * 1024
+    """Decoded claim snapshots the disk stores cache, all owned partitions together (each open
+    store holds at most an equal share)."""
     store_block_cache_bytes: int = 16 * 1024 * 1024
     """RocksDB's block cache, shared by every disk store of the worker."""
     outcome_horizon_s: float = HORIZON_DEFAULT_S

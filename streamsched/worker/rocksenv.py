@@ -49,15 +49,22 @@ class _Cached(Protocol):
     def decoded_bytes(self) -> int: ...
 
 
+STORE_CACHE_FLOOR = 64 * 1024
+"""The least a store's decoded-snapshot cache may hold, however many stores share the budget
+(a turn's working set: a claim window's identities and their selection lookups)."""
+
+
 class StoreEnv:
     """What every claim store of one worker shares: the directory, the RocksDB block cache and
     memtable budget, a writer thread, and the state topics' identities (asked of the cluster)."""
 
-    def __init__(self, directory: Path | str, *, cache_bytes: int = 4 * 1024 * 1024,
+    def __init__(self, directory: Path | str, *, cache_bytes: int = 32 * 1024 * 1024,
                  block_cache_bytes: int = 16 * 1024 * 1024, memtable_bytes: int = 32 * 1024 * 1024) -> None:
         self.directory = Path(directory)
         self.cache_bytes = cache_bytes
-        """Python-side cache of decoded snapshots, per partition."""
+        """Python-side caches of decoded snapshots, all stores together: each open store may hold
+        its share (:meth:`store_cache_bytes`), so a worker owning 1,024 partitions holds no more
+        than one owning 8."""
         self.block_cache_bytes = block_cache_bytes
         self.memtable_bytes = memtable_bytes
         self._shared: tuple[Any, Any] | None = None
@@ -101,10 +108,16 @@ class StoreEnv:
             opt.set_disable_auto_compactions(True)
         return opt
 
+    def store_cache_bytes(self) -> int:
+        """What one store's decoded-snapshot cache may hold now: an equal share of the worker's
+        budget among the stores open (at least ``STORE_CACHE_FLOOR``). A store that opens shrinks
+        the others' share; each evicts down to it at its next insertion."""
+        return max(STORE_CACHE_FLOOR, self.cache_bytes // max(1, len(self.in_use)))
+
     def memory(self) -> dict[str, int]:
         """Bytes the stores hold in memory now, by kind: RocksDB's shared block cache and
         memtables (bounded by ``block_cache_bytes`` and ``memtable_bytes``) and the decoded
-        snapshots cached in Python (``cache_bytes`` per store, as the cache counts them); empty
+        snapshots cached in Python (``cache_bytes`` for all stores, as the caches count them); empty
         before the first store opens."""
         if self._shared is None:
             return {}

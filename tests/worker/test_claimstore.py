@@ -462,6 +462,27 @@ async def test_the_stores_memory_is_reported_and_bounded(env: StoreEnv) -> None:
         store.close()
 
 
+async def test_the_decoded_caches_of_every_store_share_one_budget(tmp_path: Path) -> None:
+    # 8 partitions owned by one worker: together they cache no more than the worker's budget
+    # (each store alone once held the whole budget: 8 times as much).
+    env = StoreEnv(tmp_path / "stores", cache_bytes=8 * 64 * 1024)
+    stores = []
+    try:
+        for p in range(8):
+            records = [rec(resolved(f"sched_{p}{i:05d}", 1, NOW)) for i in range(1_000)]
+            stores.append(await restored(env, records, partition=p))
+        for p, store in enumerate(stores):
+            for i in range(1_000):
+                assert store.get(f"sched_{p}{i:05d}").fence == 1
+        assert env.store_cache_bytes() == 64 * 1024
+        assert all(0 < s.decoded_bytes <= 64 * 1024 for s in stores)
+        assert env.memory()["decoded"] <= env.cache_bytes
+    finally:
+        for store in stores:
+            store.close()
+        env.close()
+
+
 def test_the_block_cache_is_sized_from_the_environment(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from streamsched.worker.intake import WorkerConfig, worker_config_from_env

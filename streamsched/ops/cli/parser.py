@@ -53,8 +53,9 @@ environment (besides the flags' own):
   STREAMSCHED_HEARTBEAT           heartbeat interval, a duration (default 1s)
   STREAMSCHED_COMMIT_INTERVAL     how long a Kafka-native transaction gathers batches, and how
                                   often offsets ride a transaction, a duration (default 0.1s)
-  STREAMSCHED_STORE_CACHE_BYTES   with --store-dir: bytes of decoded claims cached in memory per
-                                  owned partition (default 4194304; RocksDB's own cache is separate)
+  STREAMSCHED_STORE_CACHE_BYTES   with --store-dir: bytes of decoded claims cached in memory, all
+                                  owned partitions together (default 33554432; RocksDB's own cache
+                                  is separate)
   STREAMSCHED_STORE_BLOCK_CACHE_BYTES
                                   with --store-dir: bytes of RocksDB's block cache, shared by the
                                   worker's stores (default 16777216)
