@@ -39,6 +39,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from streamsched.errors import ConfigError, StreamschedError
 from streamsched.kafka import clients
+from streamsched.kafka.assignor import assignors
 from streamsched.kafka.owner import Owners, OwnerSpec
 from streamsched.kafka.protocols import GroupConsumer, PartitionKey, TopicPartitionLike
 from streamsched.metrics import Metrics
@@ -79,7 +80,7 @@ class Membership:
 
     Partition ``p`` of every topic in ``topics`` belongs to the owner of ``p``; owners are started
     for the partitions of ``topics[0]`` (the others must be co-partitioned and assigned alike,
-    e.g. with the range assignor)."""
+    which the member's assignor guarantees: :mod:`streamsched.kafka.assignor`)."""
 
     group: str
     topics: tuple[str, ...]
@@ -214,7 +215,8 @@ class GroupMember(Generic[P]):
             self.owners.spec.bootstrap, group_id=m.group, client_id=m.client_id,
             session_timeout_ms=m.session_timeout_ms, heartbeat_interval_ms=m.heartbeat_interval_ms,
             rebalance_timeout_ms=rebalance_timeout_ms(m.shutdown_deadline_s), group_instance_id=m.instance_id,
-            **dict(m.consumer_options))
+            # Sticky and co-partitioned; a fresh instance per consumer (it holds its claim).
+            partition_assignment_strategy=assignors(), **dict(m.consumer_options))
         self._consumer = consumer
         consumer.subscribe(list(m.topics), listener=Listener())
         await consumer.start()

@@ -151,17 +151,14 @@ class Worker:
         self.stream: TxnStream | None = None if config.transactions == "partition" else shared_stream(
             s, bootstrap=config.bootstrap, member=config.instance_id or config.owner, metrics=self.metrics,
             deadline_s=config.transaction_deadline_s, consumer=lambda: self.member.consumer)
-        from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-
-        # Range assignment gives one member the same partition numbers of both topics, so the
-        # delay partition p always lives with transition partition p (and its fenced producer).
+        # The member's assignment is co-partitioned (kafka/assignor.py): delay partition p
+        # always lives with transition partition p (and its owner).
         membership = Membership(
             group=s.group, topics=(s.topic, s.delay_topic), client_id=config.owner,
             session_timeout_ms=config.session_timeout_ms, heartbeat_interval_ms=config.heartbeat_interval_ms,
             shutdown_deadline_s=config.shutdown_deadline_s, instance_id=config.instance_id,
             consumer_options={"max_poll_interval_ms": config.max_poll_interval_ms,
-                              "max_partition_fetch_bytes": 1024 * 1024,
-                              "partition_assignment_strategy": (RangePartitionAssignor,)})
+                              "max_partition_fetch_bytes": 1024 * 1024})
         self.member: GroupMember[PartitionRunner] = GroupMember(
             membership, spec, self.metrics, on_stop=self._forget, on_sought=self.fetch.sought)
         self.owners = self.member.owners
