@@ -116,6 +116,7 @@ class GroupMember(Generic[P]):
         self._on_stop = on_stop
         self._on_sought = on_sought
         self._consumer: GroupConsumer | None = None
+        self._tps: dict[int, tuple[TopicPartitionLike, ...]] = {}
         self.owners: Owners[P] = Owners(spec, metrics, on_start=self.hold, on_stop=self._stopped)
 
     @property
@@ -138,9 +139,13 @@ class GroupMember(Generic[P]):
 
     def tps(self, partition: int) -> list[TopicPartitionLike]:
         """Partition ``partition`` of each subscribed topic, in the order of ``topics``."""
-        from aiokafka import TopicPartition
+        found = self._tps.get(partition)
+        if found is None:
+            from aiokafka import TopicPartition
 
-        return [TopicPartition(topic, partition) for topic in self.membership.topics]
+            found = self._tps[partition] = tuple(TopicPartition(topic, partition)
+                                                 for topic in self.membership.topics)
+        return list(found)
 
     def hold(self, partition: int) -> None:
         """Fetch nothing of ``partition`` (an owner starts, or is gone) until it is live again."""
@@ -164,16 +169,28 @@ class GroupMember(Generic[P]):
         part = owner.part
         return part if part is not None and part.resume is None else None
 
-    def set_paused(self, tp: TopicPartitionLike, pause: bool) -> None:
-        """Pause or resume ``tp`` if it is assigned (a no-op when it already is as asked)."""
+    def set_paused(self, tp: TopicPartitionLike, pause: bool, *,
+                   view: tuple[AbstractSet[TopicPartitionLike], AbstractSet[TopicPartitionLike]] | None = None
+                   ) -> None:
+        """Pause or resume ``tp`` if it is assigned (a no-op when it already is as asked).
+
+        ``view``: the consumer's (assignment, paused) sets, taken once by a caller that sets
+        every partition in one go (aiokafka builds each set afresh at every call: asked per
+        partition, a round over 1,024 partitions cost seconds). Each partition is set once per
+        round, so the view stays true for the ones not yet set."""
         consumer = self.consumer
-        if tp not in consumer.assignment():
+        assignment, paused_now = view if view is not None else (consumer.assignment(), consumer.paused())
+        if tp not in assignment:
             return
-        paused = tp in consumer.paused()
+        paused = tp in paused_now
         if pause and not paused:
             consumer.pause(tp)
         elif not pause and paused:
             consumer.resume(tp)
+
+    def paused_view(self) -> tuple[AbstractSet[TopicPartitionLike], AbstractSet[TopicPartitionLike]]:
+        """The consumer's assignment and paused partitions now (for :meth:`set_paused`)."""
+        return self.consumer.assignment(), self.consumer.paused()
 
     def seek_restored(self) -> None:
         """Move freshly restored parts' partitions to where they resume (synchronous: the

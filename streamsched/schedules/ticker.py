@@ -102,6 +102,7 @@ class Ticker:
 
     def _tend(self) -> None:
         """Fetch definitions of the partitions that tick; pause the others."""
+        view = self.member.paused_view()
         for p, _ in self.member.owners.items():
             for tp in self.member.tps(p):
-                self.member.set_paused(tp, self.member.live(p) is None)
+                self.member.set_paused(tp, self.member.live(p) is None, view=view)

@@ -26,6 +26,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -298,9 +299,10 @@ class Worker:
         self._sweep()
         bound = self.config.queue_bound
         lag = 0
+        view = self.member.paused_view()  # once per round: aiokafka builds these sets per call
         for p, _ in self.owners.items():
             tp, delay_tp = self.member.tps(p)
-            high, pos = self._highwater(tp), self.consumer.position_now(tp)
+            high, pos = self._highwater(tp, view[0]), self.consumer.position_now(tp)
             if high is not None and pos is not None:
                 lag += max(0, high - pos)
             runner = self.member.live(p)
@@ -309,19 +311,19 @@ class Worker:
                 if not runner.queue:
                     self._skip_markers(p, runner)
             want_pause = runner is None or len(runner.queue) >= bound or self.fetch.holds(tp)
-            self.member.set_paused(tp, want_pause)
+            self.member.set_paused(tp, want_pause, view=view)
             # The due index is bounded: when it is full, delay intake pauses (nothing is lost;
             # the records stay in the delay topic).
             delay_full = self.due.free < bound or self.fetch.holds(delay_tp)
-            self.member.set_paused(delay_tp, want_pause or delay_full)
+            self.member.set_paused(delay_tp, want_pause or delay_full, view=view)
         self.metrics.set_gauge("lag", lag)
         self.metrics.set_gauge("due_items", len(self.due))
         if self.stores is not None:
             for kind, used in self.stores.memory().items():
                 self.metrics.set_gauge("store_memory_bytes", used, kind=kind)
 
-    def _highwater(self, tp: TopicPartitionLike) -> int | None:
-        if tp not in self.consumer.assignment():
+    def _highwater(self, tp: TopicPartitionLike, assignment: AbstractSet[TopicPartitionLike]) -> int | None:
+        if tp not in assignment:
             return None
         high = self.consumer.highwater(tp)
         return int(high) if high is not None else None
