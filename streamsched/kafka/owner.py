@@ -57,7 +57,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from streamsched.errors import FencedOut, StreamschedError
+from streamsched.errors import FencedOut, RoundAborted, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.fencing import (
     is_fenced,
@@ -238,7 +238,12 @@ class PartitionOwner(Generic[T]):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure ends the owner; log_failure tells it
-            if is_fenced(exc) or producer_fenced(self.producer):
+            if isinstance(exc, RoundAborted):
+                # Another partition's failure (logged by its owner) aborted the transaction this
+                # one shared: restarted at once, not counted as a failure of its own.
+                self.failed = exc
+                log.info("owner of %s[%d] restarts: %s", self.spec.name, self.partition, exc)
+            elif is_fenced(exc) or producer_fenced(self.producer):
                 self.failed = FencedOut(self.spec.name, self.partition)
                 self.fenced_at = time.monotonic()
                 self.metrics.inc("fenced")
@@ -301,6 +306,8 @@ class Owners(Generic[T]):
         self._assigned: set[int] = set()
         self._failures: dict[int, int] = {}
         self._retry_at: dict[int, float] = {}
+        self._round_restart: dict[int, bool] = {}
+        """Restarts due to a shared transaction's abort (not counted as partition restarts)."""
         self._given_up: set[int] = set()
         self.joined = False
         self.closed = False
@@ -368,6 +375,7 @@ class Owners(Generic[T]):
             for p in sorted(set(partitions)):
                 self._assigned.discard(p)
                 self._retry_at.pop(p, None)
+                self._round_restart.pop(p, None)
                 self._failures.pop(p, None)
                 if p in self._given_up:
                     self._given_up.discard(p)
@@ -403,6 +411,12 @@ class Owners(Generic[T]):
                 await owner.stop(1.0)  # its producer too: never two live producers for p
                 if p not in self._assigned:
                     continue  # never schedule a restart for a partition not held
+                if isinstance(owner.failed, RoundAborted):
+                    # A consequence, not a failure: the partition's own count stays as it was.
+                    self._retry_at[p] = time.monotonic()
+                    self._round_restart[p] = True
+                    self.metrics.inc("round_restarts")
+                    continue
                 policy = self.spec.policy
                 stable = owner.ready_at is not None and time.monotonic() - owner.ready_at >= policy.healthy_s
                 failures = self._failures[p] = (0 if stable else self._failures.get(p, 0)) + 1
@@ -424,7 +438,8 @@ class Owners(Generic[T]):
                 # Re-checked inside the lock: only a partition assigned right now gets an owner.
                 if p in self._assigned and p not in self._owners and p not in self._given_up:
                     self._start(p)
-                    self.metrics.inc("partition_restarts")
+                    if not self._round_restart.pop(p, False):
+                        self.metrics.inc("partition_restarts")
             self._gauges()
 
     async def close(self, deadline_s: float | None = None) -> None:
@@ -447,5 +462,6 @@ class Owners(Generic[T]):
             self._owners.clear()
             self._assigned.clear()
             self._retry_at.clear()
+            self._round_restart.clear()
             await asyncio.gather(*(o.stop(deadline_s) for o in owners))
             self._gauges()

@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 
 SWEEP_DEADLINE_S = 0.005
 """Time one intake round may spend moving due work (pages of at most 32) into partitions."""
+RESTORES_AT_ONCE = 32
+"""State partitions one worker reads at the same time (each restore runs a consumer of its own):
+a worker assigned 1,024 partitions at once otherwise starts 1,024 consumers together, whose
+connections and metadata requests starve its group membership."""
 OFFSET_LOOKUP_S = 30.0
 """Bound on one committed-offset lookup during restore (it must never hang a restore)."""
 
@@ -127,6 +131,7 @@ class Worker:
         self.due = DueIndex(max_items=config.due_index_items)
         check_horizon(config.outcome_horizon_s)
         self.stores: Any = None
+        self._restoring: asyncio.Semaphore | None = None
         # One cache of writer schemas for every partition (a ConfigError now if no registry is set).
         self.schemas = (SchemaCache(client_for(config.bootstrap)) if scheduler.wire_format == "registry"
                         else None)
@@ -235,10 +240,14 @@ class Worker:
         # After the producer fenced every earlier owner: the state partition's end is final. The
         # barrier is the end as the partition's real leader has it; the restore must reach it.
         barrier = await read_barrier(owner.producer, self.scheduler.state_topic, p,
-                                     deadline_s=self.config.transaction_deadline_s, metrics=self.metrics)
-        state = await open_state(self.config.bootstrap, self.scheduler.state_topic, p, env=self.stores,
-                                 horizon_s=self.config.outcome_horizon_s, metrics=self.metrics,
-                                 min_end=barrier)
+                                     deadline_s=self.stream.deadline_s if self.stream is not None
+                                     else self.config.transaction_deadline_s, metrics=self.metrics)
+        if self._restoring is None:
+            self._restoring = asyncio.Semaphore(RESTORES_AT_ONCE)
+        async with self._restoring:
+            state = await open_state(self.config.bootstrap, self.scheduler.state_topic, p, env=self.stores,
+                                     horizon_s=self.config.outcome_horizon_s, metrics=self.metrics,
+                                     min_end=barrier)
         try:
             return await self._resume(owner, state, resume)
         except BaseException:
@@ -253,7 +262,8 @@ class Worker:
                            owner=self.config.owner, metrics=self.metrics,
                            commit_interval_s=self.config.commit_interval_s,
                            bootstrap=self.config.bootstrap,
-                           txn_deadline_s=self.config.transaction_deadline_s, schemas=self.schemas)
+                           txn_deadline_s=self.stream.deadline_s if self.stream is not None
+                           else self.config.transaction_deadline_s, schemas=self.schemas)
         # Resume from the committed offsets, read after our fence: no earlier owner can move
         # them any more, and a failed batch of a previous owner of ours comes back.
         if resume is None:

@@ -32,6 +32,13 @@ from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_prefix
 from streamsched.worker.app import SchedulerDef
 
+SHARED_TXN_TIMEOUT_S = 10.0
+"""The shared producer's transaction timeout (and its rounds' deadline), at most; Kafka Streams
+uses the same under exactly_once_v2. Why shorter than a per-partition producer's: a worker that
+dies mid-round leaves its transaction open, and nobody aborts it early (its transactional id is
+its own, unlike a partition's, which the next owner's producer takes over). The new owners'
+stable offset reads wait until the broker aborts it at this timeout. A round is writes and a
+commit (an external command runs outside it), so 10 s is far above what one takes."""
 OFFSET_LOOKUP_S = 30.0
 """Bound on the stable offset lookup of a restore: an earlier owner's open transaction ends
 within its transaction timeout (aborted by the broker at worst), and a restart asks again."""
@@ -49,6 +56,7 @@ def shared_stream(scheduler: SchedulerDef, *, bootstrap: clients.Conn, member: s
                   deadline_s: float, consumer: Callable[[], GroupConsumer]) -> TxnStream:
     """The worker's stream; ``consumer()`` is the group member's consumer (its generation)."""
     txn_id = worker_transactional_id(scheduler, member)
+    deadline_s = min(deadline_s, SHARED_TXN_TIMEOUT_S)
 
     def make() -> TransactionalProducer:
         return clients.transactional_producer(

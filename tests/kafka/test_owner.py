@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import ProducerFenced
 
+from streamsched.errors import RoundAborted
 from streamsched.kafka.owner import (
     Body,
     Owners,
@@ -216,6 +217,22 @@ async def test_failed_restore_restarts_with_backoff_then_recovers() -> None:
     await supervise_until(owners, lambda: owners.ready, "recovered")
     assert world.live_count(0) == 1 and not world.violations
     assert metrics.snapshot()["counters"]["partition_restarts"] >= 2
+    await owners.close()
+
+
+async def test_an_aborted_shared_transaction_restarts_at_once_and_counts_no_failure() -> None:
+    world = World()
+    owners, metrics = make(world, RestartPolicy(initial_s=1.0, max_s=1.0, give_up_after=2))
+    await owners.assign([0])
+    await until(lambda: owners.ready, "restored")
+    for _ in range(3):  # more than give_up_after: never given up for another's failure
+        world.fail_run[0] = lambda: RoundAborted("another partition's write failed")  # type: ignore[assignment]
+        await until(lambda: not owners.ready, "the shared transaction aborted")
+        world.fail_run.clear()
+        await supervise_until(owners, lambda: owners.ready, "restarted")
+    counters = metrics.snapshot()["counters"]
+    assert counters.get("round_restarts") == 3 and counters.get("partition_restarts", 0) == 0
+    assert not owners.given_up and world.restores[0] == 4
     await owners.close()
 
 
