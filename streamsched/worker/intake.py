@@ -239,9 +239,9 @@ class Worker:
             owner.producer.carry(resume)
         # After the producer fenced every earlier owner: the state partition's end is final. The
         # barrier is the end as the partition's real leader has it; the restore must reach it.
+        # A port's deadline also covers its wait for the round before its own (shared rounds).
         barrier = await read_barrier(owner.producer, self.scheduler.state_topic, p,
-                                     deadline_s=self.stream.deadline_s if self.stream is not None
-                                     else self.config.transaction_deadline_s, metrics=self.metrics)
+                                     deadline_s=self.config.transaction_deadline_s, metrics=self.metrics)
         if self._restoring is None:
             self._restoring = asyncio.Semaphore(RESTORES_AT_ONCE)
         async with self._restoring:
@@ -262,8 +262,7 @@ class Worker:
                            owner=self.config.owner, metrics=self.metrics,
                            commit_interval_s=self.config.commit_interval_s,
                            bootstrap=self.config.bootstrap,
-                           txn_deadline_s=self.stream.deadline_s if self.stream is not None
-                           else self.config.transaction_deadline_s, schemas=self.schemas)
+                           txn_deadline_s=self.config.transaction_deadline_s, schemas=self.schemas)
         # Resume from the committed offsets, read after our fence: no earlier owner can move
         # them any more, and a failed batch of a previous owner of ours comes back.
         if resume is None:
