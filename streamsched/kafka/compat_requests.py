@@ -201,31 +201,27 @@ def _types() -> SimpleNamespace:
             raise IncompatibleBrokerVersion(f"{name} v{version} is not spoken by this broker "
                                             f"(it announces v{low}-v{high})")
 
-    class TxnOffsetCommitRequest(Request[TxnOffsetCommitRequest_v3]):  # type: ignore[misc]
-        API_KEY = TXN_OFFSET_COMMIT_KEY
+    def pinned(name: str, struct: Any) -> Any:
+        """A request sent in exactly ``struct``'s version (refused first if the broker lacks it)."""
 
-        def __init__(self, *fields: Any) -> None:
-            self.fields = fields
+        class PinnedRequest(Request[struct]):  # type: ignore[misc]
+            API_KEY = struct.API_KEY
 
-        def prepare(self, versions: dict[int, tuple[int, int]]) -> Any:
-            refuse_missing("TxnOffsetCommit", TXN_OFFSET_COMMIT_KEY, TXN_OFFSET_COMMIT_VERSION, versions)
-            return super().prepare(versions)
+            def __init__(self, *fields: Any) -> None:
+                self.fields = fields
 
-        def build(self, request_struct_class: Any) -> Any:
-            return request_struct_class(*self.fields)
+            def prepare(self, versions: dict[int, tuple[int, int]]) -> Any:
+                refuse_missing(name, struct.API_KEY, struct.API_VERSION, versions)
+                return super().prepare(versions)
 
-    class OffsetFetchRequest(Request[OffsetFetchRequest_v7]):  # type: ignore[misc]
-        API_KEY = OFFSET_FETCH_KEY
+            def build(self, request_struct_class: Any) -> Any:
+                return request_struct_class(*self.fields)
 
-        def __init__(self, *fields: Any) -> None:
-            self.fields = fields
+        PinnedRequest.__name__ = PinnedRequest.__qualname__ = f"{name}Request"
+        return PinnedRequest
 
-        def prepare(self, versions: dict[int, tuple[int, int]]) -> Any:
-            refuse_missing("OffsetFetch", OFFSET_FETCH_KEY, OFFSET_FETCH_VERSION, versions)
-            return super().prepare(versions)
-
-        def build(self, request_struct_class: Any) -> Any:
-            return request_struct_class(*self.fields)
+    TxnOffsetCommitRequest = pinned("TxnOffsetCommit", TxnOffsetCommitRequest_v3)
+    OffsetFetchRequest = pinned("OffsetFetch", OffsetFetchRequest_v7)
 
     class TopicIdRequest(Request[MetadataRequest_v10]):  # type: ignore[misc]
         API_KEY = METADATA_KEY

@@ -40,9 +40,8 @@ def _fenced_error() -> type[BaseException]:
     return ProducerFenced  # type: ignore[no-any-return]
 
 
-def is_fenced(exc: BaseException) -> bool:
-    """Whether ``exc`` is, or was caused while handling, a fencing error."""
-    errors = (_fenced_error(), FencedOut)  # a tuple: ``a | b`` builds a union object
+def _raised_from(exc: BaseException, errors: tuple[type[BaseException], ...]) -> bool:
+    """Whether ``exc`` is, or was caused while handling, one of ``errors``."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:  # also when wrapped by the caller's error
@@ -51,6 +50,18 @@ def is_fenced(exc: BaseException) -> bool:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return False
+
+
+def is_fenced(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was caused while handling, a fencing error."""
+    return _raised_from(exc, (_fenced_error(), FencedOut))
+
+
+def producer_taken_over(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says another producer took this producer's
+    ``transactional.id``: the producer is dead. (A group refusing offsets, also a fencing, is
+    not: the producer aborts and goes on.)"""
+    return _raised_from(exc, (_fenced_error(),))
 
 
 def producer_fenced(producer: Producer | None) -> bool:

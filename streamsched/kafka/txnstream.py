@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from streamsched.errors import GenerationFenced, RoundAborted, StreamschedError, TransactionStuck
 from streamsched.kafka.compat_offsets import GroupGeneration
-from streamsched.kafka.fencing import linger, producer_fenced, settle_sends
+from streamsched.kafka.fencing import linger, producer_fenced, producer_taken_over, retrieve, settle_sends
 from streamsched.kafka.protocols import (
     Header,
     RecordBatch,
@@ -169,7 +169,7 @@ class TxnStream:
             except BaseException as exc:
                 rnd.open = False
                 rnd.begun.set_exception(exc)
-                rnd.begun.add_done_callback(_retrieve)
+                rnd.begun.add_done_callback(retrieve)
                 self._end_round(rnd)
                 raise
             rnd.begun.set_result(None)
@@ -198,7 +198,7 @@ class TxnStream:
             # The last port to finish ends the round, in a task of its own: no port's deadline
             # cancels a commit the others wait for.
             task = asyncio.get_running_loop().create_task(self._settle(rnd))
-            task.add_done_callback(_retrieve)
+            task.add_done_callback(retrieve)
 
     async def _settle(self, rnd: _Round) -> None:
         producer = self._producer
@@ -235,14 +235,14 @@ class TxnStream:
             await self._abort(producer, exc)
             if not rnd.outcome.done():
                 rnd.outcome.set_exception(exc)
-                rnd.outcome.add_done_callback(_retrieve)
+                rnd.outcome.add_done_callback(retrieve)
         finally:
             self._end_round(rnd)
 
     async def _abort(self, producer: TransactionalProducer | None, exc: BaseException) -> None:
         if producer is None:
             return
-        if isinstance(exc, TransactionStuck) or producer_fenced(producer) or _fenced_producer(exc):
+        if isinstance(exc, TransactionStuck) or producer_fenced(producer) or producer_taken_over(exc):
             await self._retire()
             return
         try:
@@ -253,26 +253,6 @@ class TxnStream:
     def _forget(self, partitions: Sequence[TopicPartitionLike]) -> None:
         for tp in partitions:
             self._committed.pop(tp, None)
-
-
-def _fenced_producer(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it was raised from) says another producer took this
-    ``transactional.id`` (the group refusing offsets does not end the producer)."""
-    from aiokafka.errors import ProducerFenced
-
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, ProducerFenced):
-            return True
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return False
-
-
-def _retrieve(fut: asyncio.Future[None]) -> None:
-    if not fut.cancelled():
-        fut.exception()
 
 
 class TxnPort:

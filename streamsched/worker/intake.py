@@ -34,6 +34,7 @@ from streamsched import settings
 from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import apply, partition_counts
+from streamsched.kafka.compat_offsets import fetch_stable_offsets
 from streamsched.kafka.member import GroupMember, Membership, check_instance_id
 from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
@@ -47,7 +48,7 @@ from streamsched.worker.app import SchedulerDef
 from streamsched.worker.duework import DueIndex, DueItem
 from streamsched.worker.fetchguard import FetchGuard
 from streamsched.worker.partition import PartitionRunner
-from streamsched.worker.sharedtxn import shared_stream, stable_resume
+from streamsched.worker.sharedtxn import shared_stream
 from streamsched.worker.statebase import HORIZON_DEFAULT_S, StateBase, check_horizon
 from streamsched.worker.store import open_state
 from streamsched.worker.turn import TurnRunner
@@ -235,7 +236,7 @@ class Worker:
         if isinstance(owner.producer, TxnPort):
             # No producer fenced the earlier owners: wait out their open transactions first
             # (see streamsched.worker.sharedtxn), then every round of ours carries these offsets.
-            resume = await stable_resume(self.consumer, self.scheduler.group, self.member.tps(p))
+            resume = await self._resume_offsets(p, stable=True)
             owner.producer.carry(resume)
         # After the producer fenced every earlier owner: the state partition's end is final. The
         # barrier is the end as the partition's real leader has it; the restore must reach it.
@@ -254,6 +255,22 @@ class Worker:
             state.close()
             raise
 
+    async def _resume_offsets(self, partition: int, *, stable: bool) -> dict[PartitionKey, int]:
+        """Where each topic partition of ``partition`` resumes: the group's committed offset (read
+        ``stable``: after any open transaction holding offsets of it ended), else the log's start."""
+        tps = self.member.tps(partition)
+        committed: dict[TopicPartitionLike, int | None]
+        if stable:
+            committed = await fetch_stable_offsets(self.consumer, self.scheduler.group, tps,
+                                                   deadline_s=OFFSET_LOOKUP_S)
+        else:
+            committed = {tp: await asyncio.wait_for(self.consumer.committed(tp), OFFSET_LOOKUP_S)
+                         for tp in tps}
+        missing = [tp for tp in tps if committed.get(tp) is None]
+        start = (await asyncio.wait_for(self.consumer.beginning_offsets(missing), OFFSET_LOOKUP_S)
+                 if missing else {})
+        return {tp: int(found if (found := committed.get(tp)) is not None else start[tp]) for tp in tps}
+
     async def _resume(self, owner: PartitionOwner[PartitionRunner], state: StateBase,
                       resume: dict[PartitionKey, int] | None = None) -> Body[PartitionRunner]:
         p = owner.partition
@@ -266,12 +283,7 @@ class Worker:
         # Resume from the committed offsets, read after our fence: no earlier owner can move
         # them any more, and a failed batch of a previous owner of ours comes back.
         if resume is None:
-            resume = {}
-            for tp in self.member.tps(p):
-                offset = await asyncio.wait_for(self.consumer.committed(tp), OFFSET_LOOKUP_S)
-                if offset is None:
-                    offset = (await self.consumer.beginning_offsets([tp]))[tp]
-                resume[tp] = int(offset)
+            resume = await self._resume_offsets(p, stable=False)
         # Seeded with where it resumes, a partition that receives nothing still steps over
         # trailing markers (4n), also when nothing was ever committed: a delay partition that
         # holds only an aborted transaction (a parking owner failed before its commit) must

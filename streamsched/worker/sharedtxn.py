@@ -20,12 +20,11 @@ owner at step 1 until its transaction ends; then the new owner's restore reads w
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from streamsched.kafka import clients
-from streamsched.kafka.compat_offsets import fetch_stable_offsets, generation_fenced_offsets, group_generation
-from streamsched.kafka.protocols import GroupConsumer, PartitionKey, TopicPartitionLike, TransactionalProducer
+from streamsched.kafka.compat_offsets import generation_fenced_offsets, group_generation
+from streamsched.kafka.protocols import GroupConsumer, TransactionalProducer
 from streamsched.kafka.txn import RETRY_BACKOFF_MS
 from streamsched.kafka.txnstream import TxnStream
 from streamsched.metrics import Metrics
@@ -39,9 +38,6 @@ dies mid-round leaves its transaction open, and nobody aborts it early (its tran
 its own, unlike a partition's, which the next owner's producer takes over). The new owners'
 stable offset reads wait until the broker aborts it at this timeout. A round is writes and a
 commit (an external command runs outside it), so 10 s is far above what one takes."""
-OFFSET_LOOKUP_S = 30.0
-"""Bound on the stable offset lookup of a restore: an earlier owner's open transaction ends
-within its transaction timeout (aborted by the broker at worst), and a restart asks again."""
 
 
 def worker_transactional_id(scheduler: SchedulerDef, member: str) -> str:
@@ -69,16 +65,3 @@ def shared_stream(scheduler: SchedulerDef, *, bootstrap: clients.Conn, member: s
         prepare=lambda producer: generation_fenced_offsets(producer, stream.round_generation),
         generation=lambda: group_generation(consumer()))
     return stream
-
-
-async def stable_resume(consumer: GroupConsumer, group: str,
-                        tps: Sequence[TopicPartitionLike]) -> dict[PartitionKey, int]:
-    """Where each of ``tps`` resumes: its stable committed offset, else the log's start."""
-    found = await fetch_stable_offsets(consumer, group, tps, deadline_s=OFFSET_LOOKUP_S)
-    resume: dict[PartitionKey, int] = {}
-    for tp in tps:
-        offset = found.get(tp)
-        if offset is None:
-            offset = (await asyncio.wait_for(consumer.beginning_offsets([tp]), OFFSET_LOOKUP_S))[tp]
-        resume[tp] = int(offset)
-    return resume
