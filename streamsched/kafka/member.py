@@ -137,15 +137,16 @@ class GroupMember(Generic[P]):
 
     # --- partitions -------------------------------------------------------------------------------
 
-    def tps(self, partition: int) -> list[TopicPartitionLike]:
-        """Partition ``partition`` of each subscribed topic, in the order of ``topics``."""
+    def tps(self, partition: int) -> tuple[TopicPartitionLike, ...]:
+        """Partition ``partition`` of each subscribed topic, in the order of ``topics`` (made once
+        per partition: every intake round asks for each)."""
         found = self._tps.get(partition)
         if found is None:
             from aiokafka import TopicPartition
 
             found = self._tps[partition] = tuple(TopicPartition(topic, partition)
                                                  for topic in self.membership.topics)
-        return list(found)
+        return found
 
     def hold(self, partition: int) -> None:
         """Fetch nothing of ``partition`` (an owner starts, or is gone) until it is live again."""
