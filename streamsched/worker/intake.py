@@ -108,11 +108,12 @@ class WorkerConfig:
     """Static group membership (see :class:`streamsched.kafka.member.Membership`): this
     process's stable name in its groups, e.g. a StatefulSet pod's name. None: dynamic."""
 
-    transactions: str = "partition"
-    """``partition``: one transactional producer per owned partition, each fencing the earlier
-    owners of its partition. ``worker`` (a preview): one producer for all of them, whose every
+    transactions: str = "worker"
+    """``worker`` (the default): one transactional producer for every owned partition, whose every
     transaction commits offsets checked against the group's generation
-    (:mod:`streamsched.kafka.txnstream`)."""
+    (:mod:`streamsched.kafka.txnstream`; brokers 2.5 and later). ``partition`` (legacy, for older
+    brokers or a rollback): one transactional producer per owned partition, each fencing the
+    earlier owners of its partition."""
 
     def __post_init__(self) -> None:
         check_instance_id(self.instance_id)
