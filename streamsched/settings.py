@@ -179,7 +179,8 @@ VARIABLES: Final[tuple[Variable, ...]] = (
        "partitions back without a rebalance", default="none (dynamic membership)", **_WORKERS),
     _v("TRANSACTIONS", "choice", "how `run` fences its writes: worker (one transactional producer per "
        "worker, its offsets checked against the group's generation) or partition (legacy: a producer per "
-       "owned partition, for brokers before 2.5)", default="worker", choices=("PARTITION", "WORKER"), commands=("run",)),
+       "owned partition, for brokers before 2.5)", default="worker", choices=("PARTITION", "WORKER"),
+       commands=("run",)),
     _v("COMMIT_INTERVAL", "duration", "how long a Kafka-native transaction gathers batches, and how "
        "often consumed offsets ride a transaction", default="0.1s", low=0, high=60, **_WORKERS),
     _v("SESSION_TIMEOUT_MS", "int", "deprecated: STREAMSCHED_SESSION_TIMEOUT in milliseconds",

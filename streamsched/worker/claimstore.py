@@ -227,14 +227,15 @@ class ClaimStore(StateBase):
             return "a store older than the topic's delete.retention.ms (tombstones may be gone)"
         return None
 
-    def wipe(self, ident: TopicIdentity) -> None:
+    def wipe(self, ident: TopicIdentity, *, bulk: bool = True) -> None:
         """Delete everything and start a store for this topic incarnation (offset 0), open for a
-        bulk load until :meth:`catch_up` is done."""
+        bulk load until :meth:`catch_up` is done (``bulk=False``: nothing to load; a bulk open
+        costs a flush and a reopen at its end)."""
         if self._db is not None:
             self._db.close()
             self._db = None
         shutil.rmtree(self.path, ignore_errors=True)
-        self._open(bulk=True)
+        self._open(bulk=bulk)
         self._cache.clear()
         self._cache_size = 0
         self._dirty.clear()
@@ -491,3 +492,4 @@ class ClaimStore(StateBase):
 
     def identities(self) -> int:
         return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
+

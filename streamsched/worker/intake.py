@@ -34,6 +34,7 @@ from streamsched import settings
 from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import apply, partition_counts
+from streamsched.kafka.changelog import ReaderPool
 from streamsched.kafka.compat_offsets import fetch_stable_offsets
 from streamsched.kafka.member import GroupMember, Membership, check_instance_id
 from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
@@ -134,6 +135,8 @@ class Worker:
         check_horizon(config.outcome_horizon_s)
         self.stores: Any = None
         self._restoring: asyncio.Semaphore | None = None
+        self.readers = ReaderPool(config.bootstrap)
+        """The restore consumers, shared by every partition's restore (kafka/changelog.py)."""
         # One cache of writer schemas for every partition (a ConfigError now if no registry is set).
         self.schemas = (SchemaCache(client_for(config.bootstrap)) if scheduler.wire_format == "registry"
                         else None)
@@ -211,6 +214,7 @@ class Worker:
         finally:
             if self.stream is not None:
                 await self.stream.close()
+            await self.readers.close()
             if self.stores is not None:
                 self.stores.close()
             if self.schemas is not None:
@@ -249,7 +253,7 @@ class Worker:
         async with self._restoring:
             state = await open_state(self.config.bootstrap, self.scheduler.state_topic, p, env=self.stores,
                                      horizon_s=self.config.outcome_horizon_s, metrics=self.metrics,
-                                     min_end=barrier)
+                                     min_end=barrier, pool=self.readers)
         try:
             return await self._resume(owner, state, resume)
         except BaseException:

@@ -27,7 +27,7 @@ from typing import Any
 
 from streamsched.errors import DecodeError
 from streamsched.kafka import clients
-from streamsched.kafka.changelog import PartitionReader, replay
+from streamsched.kafka.changelog import PartitionReader, ReaderPool, replay
 from streamsched.kafka.progress import Progress
 from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.metrics import Metrics
@@ -145,10 +145,11 @@ def export_corrupt(state: StateBase, metrics: Metrics) -> int:
 
 async def restore(conn: clients.Conn, topic: str, partition: int, *, horizon_s: float = HORIZON_DEFAULT_S,
                   metrics: Metrics | None = None, timeout_s: float = 60.0,
-                  min_end: int = 0) -> PartitionState:
+                  min_end: int = 0, pool: ReaderPool | None = None) -> PartitionState:
     """Read ``topic[partition]`` to its end, a page at a time, into a :class:`PartitionState`
     (``timeout_s``: the longest the read may stall without progress). An end before ``min_end``
-    (a read barrier's, :func:`streamsched.kafka.txn.read_barrier`) raises :class:`ChangelogBehind`."""
+    (a read barrier's, :func:`streamsched.kafka.txn.read_barrier`) raises :class:`ChangelogBehind`.
+    ``pool``: the worker's restore consumers (else one of its own)."""
     state = PartitionState(partition, horizon_s=horizon_s)
 
     def apply(records: list[ConsumerRecord]) -> None:
@@ -156,50 +157,57 @@ async def restore(conn: clients.Conn, topic: str, partition: int, *, horizon_s: 
             state.apply_record(rec.value, rec.key)
 
     await replay(conn, topic, partition, apply, kind="memory", metrics=metrics, stall_s=timeout_s,
-                 min_end=min_end)
+                 min_end=min_end, pool=pool)
     return state
 
 
 async def open_state(conn: clients.Conn, topic: str, partition: int, *, env: Any = None,
                      horizon_s: float = HORIZON_DEFAULT_S, metrics: Metrics | None = None,
-                     stall_s: float = 60.0, min_end: int = 0) -> StateBase:
+                     stall_s: float = 60.0, min_end: int = 0, pool: ReaderPool | None = None) -> StateBase:
     """The caught-up state of ``topic[partition]``: on disk under ``env`` (a
-    :class:`~streamsched.worker.rocksenv.StoreEnv`), else in memory; ``min_end`` as in
-    :func:`restore`."""
+    :class:`~streamsched.worker.rocksenv.StoreEnv`), else in memory; ``min_end`` and ``pool`` as
+    in :func:`restore`."""
     if env is None:
         return await restore(conn, topic, partition, horizon_s=horizon_s, metrics=metrics, timeout_s=stall_s,
-                             min_end=min_end)
+                             min_end=min_end, pool=pool)
     return await open_store(env, conn, topic, partition, horizon_s=horizon_s, metrics=metrics,
-                            stall_s=stall_s, min_end=min_end)
+                            stall_s=stall_s, min_end=min_end, pool=pool)
 
 
 async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: int, *,
                      horizon_s: float = HORIZON_DEFAULT_S, metrics: Metrics | None = None,
-                     stall_s: float = 60.0, min_end: int = 0) -> ClaimStore:
+                     stall_s: float = 60.0, min_end: int = 0, pool: ReaderPool | None = None) -> ClaimStore:
     """The store of ``topic[partition]`` caught up to the partition's end (read_committed): warm
     from its checkpoint if it is trusted, else wiped and restored cold (module docs). An end
     before ``min_end``, or before the store's own checkpoint, is a stale leader's: it raises
-    :class:`ChangelogBehind`."""
+    :class:`ChangelogBehind`. The RocksDB work (open, wipe) runs while no restore consumer is
+    held: a pooled consumer is lent for the bounds, then for the records."""
     ident = await env.identity(conn, topic)
     store = ClaimStore(env, topic, partition, horizon_s=horizon_s, metrics=metrics)
     try:
-        async with PartitionReader(conn, topic, partition, stall_s=stall_s) as reader:
+        existing = await store.in_thread(store.open_existing)
+        async with PartitionReader(conn, topic, partition, stall_s=stall_s, pool=pool) as reader:
             bounds = await reader.bounds(min_end=min_end)
-            reason: str | None = "no local store"
-            if await store.in_thread(store.open_existing):
-                reason = store.distrust(ident, bounds, int(time.time() * 1000))
-            checkpoint = store.read_checkpoint() if reason is None else None
-            if reason is None and checkpoint is not None:
-                kind, start = "warm", checkpoint[0]
-            else:
-                # A store that exists but is not trusted costs a full restore: worth a warning.
-                log.log(logging.INFO if reason == "no local store" else logging.WARNING,
-                        "claim store of %s[%d]: %s; restoring cold", topic, partition, reason)
-                await store.in_thread(store.wipe, ident)
-                kind, start = "cold", bounds.begin
-            progress = Progress(metrics, topic, partition, start, bounds.end, kind)
-            await store.catch_up(reader, start, bounds.end, progress)
-            progress.done()
+        reason: str | None = "no local store"
+        if existing:
+            reason = store.distrust(ident, bounds, int(time.time() * 1000))
+        checkpoint = store.read_checkpoint() if reason is None else None
+        if reason is None and checkpoint is not None:
+            kind, start = "warm", checkpoint[0]
+        else:
+            # A store that exists but is not trusted costs a full restore: worth a warning.
+            log.log(logging.INFO if reason == "no local store" else logging.WARNING,
+                    "claim store of %s[%d]: %s; restoring cold", topic, partition, reason)
+            kind, start = "cold", bounds.begin
+            await store.in_thread(lambda: store.wipe(ident, bulk=start < bounds.end))
+        progress = Progress(metrics, topic, partition, start, bounds.end, kind)
+        reader = PartitionReader(conn, topic, partition, stall_s=stall_s, pool=pool)
+        if start < bounds.end:
+            async with reader:
+                await store.catch_up(reader, start, bounds.end, progress)
+        else:
+            await store.catch_up(reader, start, bounds.end, progress)  # reads nothing: not entered
+        progress.done()
     except Exception as exc:
         store.close()
         if unwritable(exc) is None:
