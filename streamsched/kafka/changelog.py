@@ -42,7 +42,7 @@ from streamsched.errors import ChangelogBehind
 from streamsched.kafka import clients, compat, compat_requests
 from streamsched.kafka.admin import describe_configs
 from streamsched.kafka.progress import Progress
-from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer
+from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
 from streamsched.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,43 @@ class ReaderPool:
         self._idle: list[GroupConsumer] = []
         self._free = asyncio.Semaphore(size)
         self._closed = False
+        self._asking: _BoundsAsk | None = None
+
+    async def bounds_of(self, tp: TopicPartitionLike) -> tuple[int, int]:
+        """``tp``'s first offset and last stable offset, asked in one pair of ListOffsets
+        requests with every other partition asked for meanwhile (restores start together after
+        an assignment, and each polls its end until a read barrier's markers show). No consumer
+        is held between two asks."""
+        ask = self._asking
+        if ask is None:
+            ask = self._asking = _BoundsAsk()
+            task = asyncio.get_running_loop().create_task(self._ask(ask))
+            task.add_done_callback(_retrieve)
+        ask.tps.add(tp)
+        begin, end = await asyncio.shield(ask.answer)
+        return int(begin[tp]), int(end[tp])
+
+    async def _ask(self, ask: _BoundsAsk) -> None:
+        try:
+            consumer = await self.lend()
+        except BaseException as exc:
+            self._asking = None
+            ask.answer.set_exception(exc)
+            raise
+        # Partitions asked for from now on go in the next request.
+        self._asking = None
+        healthy = False
+        try:
+            tps = list(ask.tps)
+            begin = await consumer.beginning_offsets(tps)
+            end = await consumer.end_offsets(tps)
+            healthy = True
+            ask.answer.set_result((dict(begin), dict(end)))
+        except BaseException as exc:
+            ask.answer.set_exception(exc)
+            raise
+        finally:
+            await self.give_back(consumer, healthy=healthy)
 
     async def lend(self) -> GroupConsumer:
         """A started consumer with nothing assigned (waits while every one is lent)."""
@@ -223,6 +260,22 @@ async def _stop(consumer: GroupConsumer) -> None:
             raise
         # aiokafka 0.14: a consumer stopped before its background offset-reset task first ran
         # re-raises that task's cancellation from stop(); the consumer is stopped all the same.
+
+
+class _BoundsAsk:
+    __slots__ = ("answer", "tps")
+
+    def __init__(self) -> None:
+        self.tps: set[TopicPartitionLike] = set()
+        self.answer: asyncio.Future[tuple[dict[PartitionKey, int], dict[PartitionKey, int]]] = (
+            asyncio.get_running_loop().create_future())
+        self.answer.add_done_callback(_retrieve)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark a failure as seen (each asker is told it; none may be left to the loop's warning)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 class _Unlent:
@@ -278,15 +331,21 @@ class PartitionReader:
         to ``wait_s`` (default :data:`MIN_END_WAIT_S`), until it reaches it: a commit returns
         before the transaction's markers are written, and the stable offset moves only then.
         An end still short of it then is a stale leader's: :class:`ChangelogBehind`."""
-        begin = (await self._consumer.beginning_offsets([self.tp]))[self.tp]
-        end = (await self._consumer.end_offsets([self.tp]))[self.tp]
+        begin, end = await self._bounds()
         give_up = time.monotonic() + (MIN_END_WAIT_S if wait_s is None else wait_s)
         while end < min_end and time.monotonic() < give_up:
             await asyncio.sleep(0.05)
-            end = (await self._consumer.end_offsets([self.tp]))[self.tp]
+            end = (await self._bounds())[1]
         if end < min_end:
             raise ChangelogBehind(self.tp.topic, self.partition, min_end, int(end))
         return Bounds(int(begin), int(end))
+
+    async def _bounds(self) -> tuple[int, int]:
+        if self._pool is not None and not self._started:
+            return await self._pool.bounds_of(self.tp)  # asked with other restores, nothing held
+        begin = (await self._consumer.beginning_offsets([self.tp]))[self.tp]
+        end = (await self._consumer.end_offsets([self.tp]))[self.tp]
+        return int(begin), int(end)
 
     async def pages(self, start: int, end: int, *,
                     page_records: int | None = None) -> AsyncIterator[tuple[list[ConsumerRecord], int]]:

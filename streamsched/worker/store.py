@@ -186,8 +186,12 @@ async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: i
     store = ClaimStore(env, topic, partition, horizon_s=horizon_s, metrics=metrics)
     try:
         existing = await store.in_thread(store.open_existing)
-        async with PartitionReader(conn, topic, partition, stall_s=stall_s, pool=pool) as reader:
-            bounds = await reader.bounds(min_end=min_end)
+        reader = PartitionReader(conn, topic, partition, stall_s=stall_s, pool=pool)
+        if pool is not None:
+            bounds = await reader.bounds(min_end=min_end)  # asked with other restores, nothing held
+        else:
+            async with PartitionReader(conn, topic, partition, stall_s=stall_s) as own:
+                bounds = await own.bounds(min_end=min_end)
         reason: str | None = "no local store"
         if existing:
             reason = store.distrust(ident, bounds, int(time.time() * 1000))
@@ -201,7 +205,6 @@ async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: i
             kind, start = "cold", bounds.begin
             await store.in_thread(lambda: store.wipe(ident, bulk=start < bounds.end))
         progress = Progress(metrics, topic, partition, start, bounds.end, kind)
-        reader = PartitionReader(conn, topic, partition, stall_s=stall_s, pool=pool)
         if start < bounds.end:
             async with reader:
                 await store.catch_up(reader, start, bounds.end, progress)

@@ -101,3 +101,23 @@ async def test_a_consumer_whose_read_failed_is_not_lent_again(bootstrap: str, ma
 def test_a_pool_needs_a_consumer() -> None:
     with pytest.raises(ValueError, match="at least one consumer"):
         ReaderPool("127.0.0.1:9", size=0)
+
+
+async def test_bounds_asked_together_need_no_lent_consumer(bootstrap: str, make_topic: Callable[..., Any],
+                                                           started: list[GroupConsumer]) -> None:
+    topic = await make_topic("pool", PARTITIONS, kind="state")
+    await _fill(bootstrap, topic)
+    pool = ReaderPool(bootstrap, size=1)
+    try:
+        async with PartitionReader(bootstrap, topic, 0, pool=pool) as holding:  # the one consumer
+            entered = await holding.bounds()
+            asked = asyncio.gather(*[PartitionReader(bootstrap, topic, p, pool=pool).bounds()
+                                     for p in range(PARTITIONS)])
+            await asyncio.sleep(0.2)
+            assert not asked.done()  # they wait for a consumer, all in one ask
+        together = await asked
+    finally:
+        await pool.close()
+    assert entered.end - entered.begin == PER_PARTITION
+    assert [(b.end - b.begin) for b in together] == [PER_PARTITION] * PARTITIONS
+    assert len(started) == 1
