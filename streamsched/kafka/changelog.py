@@ -151,13 +151,19 @@ MIN_END_WAIT_S = 10.0
 milliseconds on a healthy cluster; a stale leader never shows them)."""
 
 
+RESTORE_FETCH_WAIT_MS = 10
+"""A restore consumer's fetch wait (the records it reads are there already)."""
 RESTORE_CONSUMERS = 2
 """Consumers of a worker's :class:`ReaderPool`: how many partitions it restores at once."""
 
 
 def restore_consumer(conn: clients.Conn) -> GroupConsumer:
     """A consumer (not started, no group) for reading a changelog partition in pages."""
-    return clients.consumer(conn, max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=2 * FETCH_BYTES)
+    # A short fetch wait: a consumer lent again must not wait out a long poll still in flight
+    # for the partition it read before (aiokafka sends no fetch to a node with one in flight);
+    # measured with two pooled consumers and the default 500 ms, 256 restores took 67 s.
+    return clients.consumer(conn, max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=2 * FETCH_BYTES,
+                            fetch_max_wait_ms=RESTORE_FETCH_WAIT_MS)
 
 
 class ReaderPool:
