@@ -271,9 +271,11 @@ class Worker:
         else:
             committed = {tp: await asyncio.wait_for(self.consumer.committed(tp), OFFSET_LOOKUP_S)
                          for tp in tps}
+        # The log's start of what has no committed offset, asked with the other restores' (one
+        # ListOffsets for many partitions, not one per partition through the group's consumer).
         missing = [tp for tp in tps if committed.get(tp) is None]
-        start = (await asyncio.wait_for(self.consumer.beginning_offsets(missing), OFFSET_LOOKUP_S)
-                 if missing else {})
+        asked = await asyncio.wait_for(asyncio.gather(*map(self.readers.bounds_of, missing)), OFFSET_LOOKUP_S)
+        start = {tp: bounds[0] for tp, bounds in zip(missing, asked, strict=True)}
         return {tp: int(found if (found := committed.get(tp)) is not None else start[tp]) for tp in tps}
 
     async def _resume(self, owner: PartitionOwner[PartitionRunner], state: StateBase,
