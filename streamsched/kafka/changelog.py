@@ -169,13 +169,13 @@ def restore_consumer(conn: clients.Conn) -> GroupConsumer:
 class ReaderPool:
     """Started restore consumers, each lent to one :class:`PartitionReader` at a time.
 
-    Why: a consumer's start asks the cluster for the metadata of *every* topic, and a worker
-    that owns many partitions lives on a cluster with many. Measured with one worker taking 1,024
-    partitions on a broker holding 5,120 (py-spy, 60 s): 28 % of the worker's CPU went to
-    decoding metadata responses, one per restore consumer started, and it restored 32 at a time
-    on 33 connections to the broker. A pool of :data:`RESTORE_CONSUMERS` started once keeps the
-    connections bounded, and a restore of a small partition costs its two offset requests
-    and its fetches only.
+    Why: a consumer's start asks for the metadata of *every* topic of the cluster, and a worker
+    that owns many partitions lives on a cluster with many; with a consumer started per restore
+    (at most 32 at once) one worker taking 1,024 fresh partitions held 33 connections to the
+    broker, spent most of its CPU in aiokafka's response decoding and had no partition progress
+    within 120 s. With this pool of :data:`RESTORE_CONSUMERS`, whose bounds requests cover every
+    partition asked for meanwhile (:meth:`bounds_of`): 7 connections, and two thirds of the
+    1,024 partitions progressed within 100 s (bench/partition_scale.py, docs/benchmarks.md).
     """
 
     def __init__(self, conn: clients.Conn, size: int = RESTORE_CONSUMERS) -> None:
