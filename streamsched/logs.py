@@ -19,7 +19,6 @@ A traceback that must show at the default level (an unexpected failure) is rende
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
 import os
@@ -27,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Final
 
@@ -50,18 +49,32 @@ def current_context() -> dict[str, object]:
     return dict(_context.get())
 
 
-@contextlib.contextmanager
-def log_context(**fields: object) -> Iterator[None]:
+_FIELD_SET: Final = frozenset(CONTEXT_FIELDS)
+
+
+class log_context:
     """Add ``fields`` (of :data:`CONTEXT_FIELDS`; None values are left out) to every line logged
-    in this block, by this task and the tasks it starts."""
-    unknown = set(fields) - set(CONTEXT_FIELDS)
-    if unknown:
-        raise ValueError(f"not a log context field: {', '.join(sorted(unknown))}")
-    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v is not None}})
-    try:
-        yield
-    finally:
-        _context.reset(token)
+    in this block, by this task and the tasks it starts. (A class, not a generator context
+    manager: the turn enters one per item, and the generator's machinery cost 2 % of a
+    Kafka-native worker's CPU.)"""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: object) -> None:
+        if not _FIELD_SET.issuperset(fields):
+            unknown = set(fields) - _FIELD_SET
+            raise ValueError(f"not a log context field: {', '.join(sorted(unknown))}")
+        self._fields = fields
+        self._token: contextvars.Token[dict[str, object]] | None = None
+
+    def __enter__(self) -> None:
+        added = {k: v for k, v in self._fields.items() if v is not None}
+        self._token = _context.set({**_context.get(), **added})
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._token is not None:
+            _context.reset(self._token)
+            self._token = None
 
 
 def _fields(record: logging.LogRecord) -> dict[str, object]:

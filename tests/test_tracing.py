@@ -128,3 +128,17 @@ async def test_without_an_sdk_nothing_is_written(bootstrap: str, make_topic: Top
         await producer.send(topic, make_event("due", "t", ["o-3"]))
     [rec] = await read_topic(bootstrap, topic)
     assert _trace_id(rec.headers) is None and tracing.inject() == []
+
+
+def test_an_sdk_set_up_later_is_noticed_within_the_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    monkeypatch.setattr(tracing, "_SDK_SEEN", False)
+    monkeypatch.setattr(tracing, "_NOT_YET_UNTIL", 0.0)
+    assert not tracing.enabled()  # no SDK: believed for RECHECK_S without asking again
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: TracerProvider())
+    assert not tracing.enabled()
+    monkeypatch.setattr(tracing, "_NOT_YET_UNTIL", 0.0)  # the recheck interval has passed
+    assert tracing.enabled()
+    monkeypatch.setattr(tracing.trace, "get_tracer_provider", lambda: tracing.trace.ProxyTracerProvider())
+    assert tracing.enabled()  # a global provider is set once: never asked again
