@@ -29,9 +29,10 @@ Baseline, the same run and topic: a plain aiokafka group member (``clients.consu
 read_committed, its own group) that reads until it has seen every partition's records,
 ``baseline_p<N>_all_seen_s`` from its construction (no transactions, no state, no commits).
 
-Today a worker opens one transactional producer per owned partition, so many partitions need
-many file descriptors: the soft ``RLIMIT_NOFILE`` is raised to the hard limit before the broker
-and the worker start (both inherit it), and reported (``nofile``). A warm-up size of 8 runs
+A worker keeps a RocksDB store per owned partition (and, with ``STREAMSCHED_TRANSACTIONS=partition``,
+a transactional producer per partition), so many partitions need many file descriptors: the
+soft ``RLIMIT_NOFILE`` is raised to the hard limit before the broker and the worker start (both
+inherit it), and reported (``nofile``). A warm-up size of 8 runs
 first. ``target_*`` are the figures set for a future design (1,024 partitions all progressing
 within 30 s, RSS <= 250 MB, <= 4 sockets per broker), judged on the largest size run
 (``target_judged_on``), each with ``*_met``.

@@ -334,7 +334,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "dynamic_session_timeout": "10s (default)", "settle_s": args.settle_s,
         "assignment": ("co-partitioned sticky (streamsched/kafka/assignor.py)" if "assignors()" in member
                        else "range (aiokafka)"),
-        "transactions": os.environ.get("STREAMSCHED_TRANSACTIONS", "partition (the default)")},
+        "transactions": os.environ.get("STREAMSCHED_TRANSACTIONS", "worker (the default)")},
         "load_avg_start": load_avg()}
     try:
         async with LocalCluster(data_dir=workdir / "cluster", nodes=3, heap=HEAP) as cluster:
