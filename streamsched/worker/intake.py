@@ -212,9 +212,11 @@ class Worker:
         try:
             await self.member.run(stop, lambda: self._poll(stop), self._tend)
         finally:
-            if self.stream is not None:
-                await self.stream.close()
-            await self.readers.close()
+            try:
+                if self.stream is not None:
+                    await self.stream.close()
+            finally:
+                await self.readers.close()  # even when the stream's close was cut short
             if self.stores is not None:
                 self.stores.close()
             if self.schemas is not None:
