@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamsched.errors import ChangelogBehind
-from streamsched.kafka import clients, compat, compat_requests
+from streamsched.kafka import clients, compat, compat_offsets, compat_requests
 from streamsched.kafka.admin import describe_configs
 from streamsched.kafka.progress import Progress
 from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
+from streamsched.kafka.txn import MAX_TXN_DEADLINE_S
 from streamsched.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,10 @@ def page_size() -> int:
 MIN_END_WAIT_S = 10.0
 """How long :meth:`PartitionReader.bounds` waits for a committed barrier's markers (they take
 milliseconds on a healthy cluster; a stale leader never shows them)."""
+OPEN_TXN_WAIT_S = MAX_TXN_DEADLINE_S + 30.0
+"""How long :meth:`PartitionReader.bounds` goes on waiting when the leader has the barrier but an
+open transaction holds the stable end before it: the broker aborts a transaction past its
+timeout (at most this worker's largest transaction deadline), checking every 10 s."""
 
 
 RESTORE_FETCH_WAIT_MS = 10
@@ -220,6 +225,18 @@ class ReaderPool:
         except BaseException as exc:
             ask.answer.set_exception(exc)
             raise
+        finally:
+            await self.give_back(consumer, healthy=healthy)
+
+    async def high_watermark(self, tp: TopicPartitionLike) -> int | None:
+        """``tp``'s high watermark (:func:`streamsched.kafka.compat_offsets.high_watermark`),
+        asked through a lent consumer."""
+        consumer = await self.lend()
+        healthy = False
+        try:
+            high = await compat_offsets.high_watermark(consumer, tp)
+            healthy = True
+            return high
         finally:
             await self.give_back(consumer, healthy=healthy)
 
@@ -339,15 +356,35 @@ class PartitionReader:
         offset). With ``min_end`` (a read barrier's) the end is asked again, every 50 ms for up
         to ``wait_s`` (default :data:`MIN_END_WAIT_S`), until it reaches it: a commit returns
         before the transaction's markers are written, and the stable offset moves only then.
-        An end still short of it then is a stale leader's: :class:`ChangelogBehind`."""
+        An end still short of it then is a stale leader's (:class:`ChangelogBehind`), unless the
+        leader's high watermark is past it: then a transaction still open (a crashed earlier
+        owner's, aborted by the broker at its timeout) holds the stable end, and the wait goes on
+        for up to :data:`OPEN_TXN_WAIT_S`: its outcome is waited out, never read around."""
         begin, end = await self._bounds()
         give_up = time.monotonic() + (MIN_END_WAIT_S if wait_s is None else wait_s)
-        while end < min_end and time.monotonic() < give_up:
-            await asyncio.sleep(0.05)
+        pause, open_txn = 0.05, False
+        while end < min_end:
+            if time.monotonic() >= give_up:
+                if open_txn or not await self._held_by_open_transaction(min_end):
+                    raise ChangelogBehind(self.tp.topic, self.partition, min_end, int(end))
+                open_txn, give_up = True, time.monotonic() + OPEN_TXN_WAIT_S
+                log.info("%s[%d]: an open transaction (an earlier owner's) holds the stable end at %d; "
+                         "waiting for it to end (the broker aborts it at its timeout)",
+                         self.topic, self.partition, end)
+            await asyncio.sleep(pause)
+            if open_txn:
+                pause = min(1.0, pause * 2)  # a transaction timeout is tens of seconds: ask less often
             end = (await self._bounds())[1]
-        if end < min_end:
-            raise ChangelogBehind(self.tp.topic, self.partition, min_end, int(end))
+        if open_txn:
+            log.info("%s[%d]: the open transaction ended; restoring", self.topic, self.partition)
         return Bounds(int(begin), int(end))
+
+    async def _held_by_open_transaction(self, min_end: int) -> bool:
+        if self._pool is not None and not self._started:
+            high = await self._pool.high_watermark(self.tp)
+        else:
+            high = await compat_offsets.high_watermark(self._consumer, self.tp)
+        return high is not None and high >= min_end
 
     async def _bounds(self) -> tuple[int, int]:
         if self._pool is not None and not self._started:

@@ -238,3 +238,31 @@ async def fetch_stable_offsets(client: object, group: str, partitions: Iterable[
         if not deadline.expired():
             raise
         raise OffsetsNotStable(group, f"{why} after {deadline_s:g}s") from exc
+
+
+async def high_watermark(consumer: object, tp: TopicPartitionLike) -> int | None:
+    """``tp``'s high watermark as its leader (in ``consumer``'s metadata) has it: a ListOffsets of
+    the latest offset read_uncommitted, which counts records of transactions still open. None
+    when the leader is unknown or answers an error.
+
+    Why: a read_committed consumer's end is the last stable offset, held back by any transaction
+    still open on the partition (a crashed member's stays open until its transaction timeout,
+    since one producer per worker no longer fences the earlier owner's by transactional id). A
+    read barrier's offset below the high watermark but above the stable end means such a
+    transaction, not a stale leader. aiokafka's consumer asks ListOffsets with its own isolation
+    level only (``Fetcher._proc_offset_request``)."""
+    from aiokafka.protocol.offset import OffsetRequest
+
+    kafka: Any = compat.client_of(consumer)
+    if kafka is None:
+        raise RuntimeError("aiokafka changed: no client to ask a high watermark with")
+    node = kafka.cluster.leader_for_partition(tp)
+    if node is None or node < 0:
+        return None
+    latest = -1  # ListOffsets' timestamp for "the latest offset"
+    resp = await kafka.send(node, OffsetRequest(-1, 0, [(tp.topic, [(tp.partition, latest)])]))
+    for topic, parts in resp.topics:
+        for partition, error_code, *info in parts:
+            if (topic, partition) == (tp.topic, tp.partition) and error_code == 0:
+                return int(info[-1] if resp.API_VERSION > 0 else info[0][0])
+    return None
