@@ -177,10 +177,10 @@ VARIABLES: Final[tuple[Variable, ...]] = (
     _v("INSTANCE_ID", "str", "static group membership: this process's stable name in its groups (as "
        "--instance-id; e.g. a StatefulSet pod's name); restarted within the session timeout it gets its "
        "partitions back without a rebalance", default="none (dynamic membership)", **_WORKERS),
-    _v("TRANSACTIONS", "choice", "how `run` fences its writes: worker (one transactional producer per "
-       "worker, its offsets checked against the group's generation) or partition (legacy: a producer per "
-       "owned partition, for brokers before 2.5)", default="worker", choices=("PARTITION", "WORKER"),
-       commands=("run",)),
+    _v("TRANSACTIONS", "choice", "how a worker or ticker fences its writes: worker (one transactional "
+       "producer per process, its offsets checked against the group's generation) or partition (legacy: a "
+       "producer per owned partition, for brokers before 2.5)", default="worker",
+       choices=("PARTITION", "WORKER"), **_WORKERS),
     _v("COMMIT_INTERVAL", "duration", "how long a Kafka-native transaction gathers batches, and how "
        "often consumed offsets ride a transaction", default="0.1s", low=0, high=60, **_WORKERS),
     _v("SESSION_TIMEOUT_MS", "int", "deprecated: STREAMSCHED_SESSION_TIMEOUT in milliseconds",

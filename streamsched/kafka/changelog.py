@@ -263,7 +263,7 @@ class ReaderPool:
                 consumer.pause(*consumer.assignment())
                 self._idle.append(consumer)
             else:
-                await _stop(consumer)
+                await consumer.stop()
         finally:
             self._free.release()
 
@@ -271,21 +271,7 @@ class ReaderPool:
         self._closed = True
         idle, self._idle = self._idle, []
         for consumer in idle:
-            await _stop(consumer)
-
-
-async def _stop(consumer: GroupConsumer) -> None:
-    # aiokafka 0.14: stop() right after start() cancels the consumer's offset-reset task before
-    # it first ran, and that cancellation escapes stop() half-way, leaving the fetcher (a 0.2 s
-    # poll) and the connections running. One pass of the loop lets the task start first.
-    await asyncio.sleep(0)
-    try:
-        await consumer.stop()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-        log.warning("a restore consumer did not stop cleanly (aiokafka's offset-reset task)")
+            await consumer.stop()
 
 
 class _BoundsAsk:

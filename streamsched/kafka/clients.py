@@ -315,6 +315,9 @@ def _consumer_class() -> type[Any]:
             _refresh_metadata_on_offset_errors(self)
             await _verify_started(self, compat.client_of(self), self.stop)
 
+        async def stop(self) -> None:
+            await compat.stop_consumer(self, super().stop)  # whole, see there
+
         def position_now(self, partition: TopicPartitionLike) -> int | None:
             """``partition``'s position if the consumer knows it now, else None (not assigned,
             or a reset not answered yet); never waits. ``position()`` waits for a pending reset,
@@ -337,6 +340,9 @@ def _producer_class() -> type[Any]:
         async def start(self) -> None:
             await _closing_on_failure(super().start(), self.stop)
             await _verify_started(self, compat.client_of(self), self.stop)
+
+        async def stop(self) -> None:
+            await compat.stop_consumer(self, super().stop)  # whole, see there
 
     return Producer
 
@@ -488,6 +494,8 @@ def forget_topic(producer: object, topic: str, *, keep: str | None = None) -> No
     later itself (the ticker's targets) drops it here. aiokafka 0.14 has no public call for this:
     its client's topic set is replaced (:func:`streamsched.kafka.compat.forget_topic`); ``keep``
     (a topic the caller writes anyway) takes the place of a last topic, as an empty set would
-    mean "every topic".
+    mean "every topic". A port of a shared producer (``metadata_owner``) forgets it there.
     """
-    compat.forget_topic(producer, topic, keep=keep)
+    owner = getattr(producer, "metadata_owner", producer)
+    if owner is not None:
+        compat.forget_topic(owner, topic, keep=keep)

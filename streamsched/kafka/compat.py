@@ -418,3 +418,38 @@ def failed_partition(exc: BaseException) -> TopicPartitionLike | None:
             found = getattr(owner, "_topic_partition", None) or found
         tb = tb.tb_next
     return found
+
+
+async def stop_consumer(consumer: object, stop: Callable[[], Awaitable[None]]) -> None:
+    """``stop()`` (aiokafka's ``AIOKafkaConsumer.stop``) to its end, whatever its own tasks do.
+
+    aiokafka 0.14 closes its group coordinator and fetcher by cancelling their tasks and awaiting
+    each. A task cancelled before it first ran (the offset reset an ``assign`` just started, the
+    no-group coordinator's reset routine) or one that does not catch the cancellation (an offset
+    reset sleeping its retry backoff after a request timed out) raises CancelledError out of
+    ``stop()`` half-way: the fetcher goes on polling every 0.2 s, the connections stay open, and
+    a service stopping cleanly exits as if cut short by a second signal. Such a CancelledError
+    (the calling task is not being cancelled) is swallowed, and what ``stop()`` skipped is done
+    here: every task still running in the coordinator and the fetcher is cancelled and awaited,
+    then the client closed. A member whose coordinator close was cut short does not send its
+    LeaveGroup: its partitions move after its session timeout, as after a crash."""
+    try:
+        await stop()
+        return
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    running: list[asyncio.Future[Any]] = []
+    for part in (getattr(consumer, "_coordinator", None), getattr(consumer, "_fetcher", None)):
+        if part is None:
+            continue
+        found = [v for v in vars(part).values() if isinstance(v, asyncio.Future)]
+        found += list(getattr(part, "_pending_tasks", ()))
+        running += [t for t in found if not t.done()]
+    for t in running:
+        t.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+    client = client_of(consumer)
+    if client is not None:
+        await client.close()

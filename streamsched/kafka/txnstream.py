@@ -42,19 +42,49 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from streamsched.errors import GenerationFenced, RoundAborted, StreamschedError, TransactionStuck
-from streamsched.kafka.compat_offsets import GroupGeneration
+from streamsched.kafka import clients
+from streamsched.kafka.compat_offsets import GroupGeneration, generation_fenced_offsets, group_generation
 from streamsched.kafka.fencing import linger, producer_fenced, producer_taken_over, retrieve, settle_sends
 from streamsched.kafka.protocols import (
+    GroupConsumer,
     Header,
     RecordBatch,
     SentRecord,
     TopicPartitionLike,
     TransactionalProducer,
 )
-from streamsched.kafka.txn import ABORT_DEADLINE_S, TXN_DEADLINE_S
+from streamsched.kafka.txn import ABORT_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S
 from streamsched.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+SHARED_TXN_TIMEOUT_S = 10.0
+"""A member's shared producer's transaction timeout (and its rounds' deadline), at most; Kafka
+Streams uses the same under exactly_once_v2. Why shorter than a per-partition producer's: a member
+that dies mid-round leaves its transaction open, and nobody aborts it early (its transactional id
+is its own, unlike a partition's, which the next owner's producer takes over). The new owners'
+stable offset reads and restores wait until the broker aborts it at this timeout. A round is
+writes and a commit (a worker's external command runs outside it), so 10 s is far above what one
+takes."""
+
+
+def group_stream(conn: clients.Conn, transactional_id: str, group: str, *, metrics: Metrics,
+                 deadline_s: float, consumer: Callable[[], GroupConsumer], client_id: str) -> TxnStream:
+    """A member's one stream: its producer under ``transactional_id``, its offsets fenced by the
+    generation of ``consumer()`` (the group member's consumer) when each round began."""
+    deadline_s = min(deadline_s, SHARED_TXN_TIMEOUT_S)
+
+    def make() -> TransactionalProducer:
+        return clients.transactional_producer(
+            conn, transactional_id, max_batch_size=1024 * 1024, max_request_size=2 * 1024 * 1024,
+            request_timeout_ms=30_000, transaction_timeout_ms=int(deadline_s * 1000),
+            retry_backoff_ms=RETRY_BACKOFF_MS, client_id=client_id)
+
+    stream: TxnStream = TxnStream(
+        make, group, metrics=metrics, deadline_s=deadline_s,
+        prepare=lambda producer: generation_fenced_offsets(producer, stream.round_generation),
+        generation=lambda: group_generation(consumer()))
+    return stream
 
 
 class _Round:
@@ -281,6 +311,12 @@ class TxnPort:
 
     async def partitions_for(self, topic: str) -> set[int]:
         return await (await self.stream.producer()).partitions_for(topic)
+
+    @property
+    def metadata_owner(self) -> TransactionalProducer | None:
+        """The shared producer whose metadata ``partitions_for`` fills (None between producers):
+        a topic looked up through this port is forgotten there."""
+        return self.stream._producer
 
     def _live(self) -> TransactionalProducer:
         producer = self.stream._producer

@@ -13,7 +13,10 @@ once:
   fires nothing twice;
 * records are produced first and the commit waits for the planned time: read_committed consumers
   see nothing of an open transaction, so nothing fires early, and at the planned time only the
-  commit itself (EndTxn) is left to do.
+  commit itself (EndTxn) is left to do. Through a port of a shared producer
+  (:class:`~streamsched.kafka.txnstream.TxnPort`) the wait comes before the transaction instead:
+  a transaction of one partition held open until its time would hold every other partition's
+  commit (and fire theirs late), so the writes and the commit follow the planned time at once.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from streamsched import failpoints
 from streamsched.kafka.protocols import PartitionKey, TransactionalProducer
 from streamsched.kafka.txn import transaction
+from streamsched.kafka.txnstream import TxnPort
 from streamsched.kafka.writer import GroupedWriter
 from streamsched.metrics import Metrics
 from streamsched.model.event import TransitionEvent
@@ -106,6 +110,18 @@ class TickCheckpoint:
         writer = GroupedWriter(producer)
         t_commit = 0.0
 
+        async def until_planned() -> None:
+            while (remaining := self.now - clock()) > 0:
+                if stopping():
+                    raise Abandoned
+                await asyncio.sleep(min(remaining / 1e9, 0.05))
+
+        shared = isinstance(producer, TxnPort)
+        if shared:
+            if not shared and self.events and clock() > self.now:
+                metrics.inc("late_plans")  # planned past its time
+            await until_planned()  # before joining the shared round (module docs)
+
         async def body() -> None:
             nonlocal t_commit
             for topic, event, route in self.events:
@@ -122,12 +138,9 @@ class TickCheckpoint:
             await writer.flush()
             if offsets:
                 await producer.send_offsets_to_transaction(offsets, cat.group)
-            if self.events and clock() > self.now:
+            if not shared and self.events and clock() > self.now:
                 metrics.inc("late_plans")
-            while (remaining := self.now - clock()) > 0:
-                if stopping():
-                    raise Abandoned
-                await asyncio.sleep(min(remaining / 1e9, 0.05))
+            await until_planned()
             if self.events:
                 failpoints.hit("tick_before_commit")
             t_commit = time.perf_counter()  # the commit follows the body at once

@@ -79,9 +79,10 @@ class FeedbackReader:
 
     @classmethod
     async def open(cls, conn: clients.Conn, topic: str, partition: int, group: str,
-                   metrics: Metrics) -> FeedbackReader:
+                   metrics: Metrics, *, known: tuple[int | None] | None = None) -> FeedbackReader:
         """A reader of ``topic[partition]`` positioned at ``group``'s committed offset (read after
-        this owner fenced every earlier one: none of them can move it any more)."""
+        this owner fenced every earlier one: none of them can move it any more), or at
+        ``known[0]`` when the caller read it already (None in it: nothing committed)."""
         from aiokafka import TopicPartition
 
         tp = TopicPartition(topic, partition)
@@ -89,7 +90,7 @@ class FeedbackReader:
         await consumer.start()
         try:
             consumer.assign([tp])
-            committed = await consumer.committed(tp)
+            committed = await consumer.committed(tp) if known is None else known[0]
             if committed is None:
                 await consumer.seek_to_beginning(tp)
             else:

@@ -16,14 +16,18 @@ worker's owners take too (:func:`streamsched.kafka.changelog.replay`):
    fired. It raises :class:`~streamsched.errors.ChangelogBehind`; the owner restarts and reads
    again with fresh metadata;
 
-The group's committed offsets of the feedback and definitions partitions are read first. The
+The group's committed offsets of the feedback and definitions partitions are read first (by the
+ticker, ``require_stable``, when its partitions share one producer). The
 definitions are read to the end their reader sees; the ticker's group consumer goes on from
 there, so a definition a stale read missed past the committed offset arrives through the intake.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from streamsched.kafka.changelog import replay
+from streamsched.kafka.protocols import PartitionKey
 from streamsched.kafka.txn import read_barrier
 from streamsched.schedules.book import ScheduleBook
 from streamsched.schedules.feedback import FeedbackReader
@@ -33,24 +37,28 @@ KIND = "ticker"
 """The restore kind in the ``restores`` metric and the progress log lines."""
 
 
-async def restore(ctx: TickContext, owner: Owned) -> PartitionTicker:
-    """The partition's ticker, restored (module docs)."""
+async def restore(ctx: TickContext, owner: Owned, *,
+                  committed: Mapping[PartitionKey, int | None] | None = None) -> PartitionTicker:
+    """The partition's ticker, restored (module docs). ``committed``: the group's offsets of the
+    definitions and feedback partitions, already read stable (else read here, after the
+    producer fenced every earlier owner)."""
     from aiokafka import TopicPartition
 
     cat, p = ctx.catalog, owner.partition
     barrier = await read_barrier(owner.producer, cat.state_topic, p, metrics=ctx.metrics)
     book = ScheduleBook(ctx.metrics, p)
-    feedback = await FeedbackReader.open(ctx.bootstrap, cat.feedback_topic, p, cat.group, ctx.metrics)
+    defs_tp, feedback_tp = TopicPartition(cat.definitions_topic, p), TopicPartition(cat.feedback_topic, p)
+    feedback = await FeedbackReader.open(ctx.bootstrap, cat.feedback_topic, p, cat.group, ctx.metrics,
+                                         known=None if committed is None else (committed.get(feedback_tp),))
     try:
-        defs_tp = TopicPartition(cat.definitions_topic, p)
-        committed = await feedback.committed(defs_tp)
+        defs_committed = await feedback.committed(defs_tp) if committed is None else committed.get(defs_tp)
         # The group has consumed the definitions up to its committed offset: an end before it
         # was read from a stale leader, and a definition it misses would reset a newer state.
         defs = await replay(ctx.bootstrap, cat.definitions_topic, p, book.apply_definitions, kind=KIND,
-                            metrics=ctx.metrics, stall_s=ctx.stall_s, min_end=committed or 0)
+                            metrics=ctx.metrics, stall_s=ctx.stall_s, min_end=defs_committed or 0)
         await replay(ctx.bootstrap, cat.state_topic, p, book.apply_states, kind=KIND, metrics=ctx.metrics,
                      stall_s=ctx.stall_s, min_end=barrier)
-        book.restored(committed, defs.end)
+        book.restored(defs_committed, defs.end)
         return PartitionTicker(ctx, owner, book, feedback, resume={defs_tp: defs.end})
     except BaseException:
         await feedback.close()

@@ -2,12 +2,21 @@
 
 Ticking is spread over the group by partition of the catalog's definitions topic; there is no
 leader election and nothing "checks leadership". Each owned partition runs on the fenced owner
-runtime (:mod:`streamsched.kafka.owner`) with a transactional producer bound to it
-(``streamsched:ticker:<catalog>:<p>``): a new owner's ``init_transactions`` fences the old
-one, and the runtime never starts an owner for a partition the ticker does not hold right then
-(rebalance callbacks and restarts are serialised by one lock). How one partition is restored is
-:mod:`streamsched.schedules.restore`; what it does, and what it trusts, is
-:mod:`streamsched.schedules.tick`.
+runtime (:mod:`streamsched.kafka.owner`), and the runtime never starts an owner for a partition
+the ticker does not hold right then (rebalance callbacks and restarts are serialised by one lock).
+How its transactions are fenced depends on ``TickerConfig.transactions``:
+
+* ``worker`` (the default): every owned partition writes through a port of one transactional
+  producer (``streamsched:ticker:<catalog>:w-<member>``, :mod:`streamsched.kafka.txnstream`);
+  the offsets each transaction commits carry the ticker's group generation, so a zombie's
+  transaction fails at the group coordinator and aborts. A new owner reads the definitions and
+  feedback offsets ``require_stable`` first (an earlier owner's open transaction is waited out),
+  and its port commits them again, unchanged, in every transaction until a tick moves them;
+* ``partition`` (legacy, brokers before 2.5): a transactional producer per partition
+  (``streamsched:ticker:<catalog>:<p>``) whose ``init_transactions`` fences the old owner.
+
+How one partition is restored is :mod:`streamsched.schedules.restore`; what it does, and what it
+trusts, is :mod:`streamsched.schedules.tick`.
 """
 
 from __future__ import annotations
@@ -17,12 +26,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from streamsched.errors import ConfigError
 from streamsched.kafka import clients
+from streamsched.kafka.compat_offsets import fetch_stable_offsets
 from streamsched.kafka.member import GroupMember, Membership, check_instance_id
 from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
-from streamsched.kafka.txn import RETRY_BACKOFF_MS, TRANSACTION_TIMEOUT_MS
+from streamsched.kafka.protocols import PartitionKey
+from streamsched.kafka.txn import RETRY_BACKOFF_MS, TRANSACTION_TIMEOUT_MS, TXN_DEADLINE_S
+from streamsched.kafka.txnstream import TxnPort, TxnStream, group_stream
 from streamsched.metrics import Metrics
-from streamsched.model.names import transactional_id
+from streamsched.model.names import transactional_id, transactional_prefix
 from streamsched.schedules.catalog import Catalog
 from streamsched.schedules.feedback import fired_by_us
 from streamsched.schedules.restore import restore
@@ -46,9 +59,19 @@ class TickerConfig:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     instance_id: str | None = None
     """Static group membership (see :class:`streamsched.kafka.member.Membership`)."""
+    transactions: str = "worker"
+    """``worker``: one producer for every owned partition, fenced by the group generation;
+    ``partition``: one per partition, fenced by its transactional id (module docs)."""
 
     def __post_init__(self) -> None:
         check_instance_id(self.instance_id)
+        if self.transactions not in ("partition", "worker"):
+            raise ConfigError("transactions must be 'partition' or 'worker'")
+
+
+OFFSET_LOOKUP_S = 30.0
+"""How long a new owner waits for its committed offsets to be stable (an earlier owner's open
+transaction ends by its timeout, at most 10 s for a shared producer, plus the broker's check)."""
 
 
 class Ticker:
@@ -66,7 +89,13 @@ class Ticker:
             producer_options=lambda _p: {"max_batch_size": 1024 * 1024,
                                          "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
                                          "retry_backoff_ms": RETRY_BACKOFF_MS},
-            restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s)
+            restore=self._restore, policy=config.restart, stop_deadline_s=config.shutdown_deadline_s,
+            make_producer=None if config.transactions == "partition" else self._port)
+        member = config.instance_id or config.owner
+        self.stream: TxnStream | None = None if config.transactions == "partition" else group_stream(
+            config.bootstrap, f"{transactional_prefix('ticker', catalog.name)}w-{member}", catalog.group,
+            metrics=self.metrics, deadline_s=TXN_DEADLINE_S, consumer=lambda: self.member.consumer,
+            client_id=f"{member}-txn")
         membership = Membership(group=catalog.group, topics=(catalog.definitions_topic,),
                                 client_id=config.owner, session_timeout_ms=config.session_timeout_ms,
                                 heartbeat_interval_ms=config.heartbeat_interval_ms,
@@ -84,13 +113,39 @@ class Ticker:
     def given_up(self) -> frozenset[int]:
         return self.member.given_up
 
+    def _tps(self, partition: int) -> tuple[PartitionKey, PartitionKey]:
+        """The partitions whose offsets the owner of ``partition`` commits: definitions, feedback."""
+        from aiokafka import TopicPartition
+
+        cat = self.catalog
+        return TopicPartition(cat.definitions_topic, partition), TopicPartition(cat.feedback_topic, partition)
+
+    def _port(self, partition: int) -> TxnPort:
+        assert self.stream is not None
+        return self.stream.port(self._tps(partition))
+
     async def _restore(self, owner: PartitionOwner[PartitionTicker]) -> Body[PartitionTicker]:
-        pt = await restore(self.context, owner)
+        committed: dict[PartitionKey, int | None] | None = None
+        if isinstance(owner.producer, TxnPort):
+            # Nothing fenced the earlier owners: wait out their open transactions, then every
+            # transaction of ours commits these offsets (the log's start where none is).
+            tps = self._tps(owner.partition)
+            committed = dict(await fetch_stable_offsets(self.member.consumer, self.catalog.group, tps,
+                                                        deadline_s=OFFSET_LOOKUP_S))
+            missing = [tp for tp in tps if committed.get(tp) is None]
+            start = await self.member.consumer.beginning_offsets(missing) if missing else {}
+            owner.producer.carry({tp: int(found if (found := committed.get(tp)) is not None else start[tp])
+                                  for tp in tps})
+        pt = await restore(self.context, owner, committed=committed)
         return Body(part=pt, run=pt.run, wake=pt.wake.set, close=pt.close)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.catalog.ensure_topics()
-        await self.member.run(stop, self._poll, self._tend)
+        try:
+            await self.member.run(stop, self._poll, self._tend)
+        finally:
+            if self.stream is not None:
+                await self.stream.close()
 
     async def _poll(self) -> None:
         batch = await self.member.consumer.getmany(timeout_ms=50)

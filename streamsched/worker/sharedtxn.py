@@ -23,21 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from streamsched.kafka import clients
-from streamsched.kafka.compat_offsets import generation_fenced_offsets, group_generation
-from streamsched.kafka.protocols import GroupConsumer, TransactionalProducer
-from streamsched.kafka.txn import RETRY_BACKOFF_MS
-from streamsched.kafka.txnstream import TxnStream
+from streamsched.kafka.protocols import GroupConsumer
+from streamsched.kafka.txnstream import TxnStream, group_stream
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_prefix
 from streamsched.worker.app import SchedulerDef
-
-SHARED_TXN_TIMEOUT_S = 10.0
-"""The shared producer's transaction timeout (and its rounds' deadline), at most; Kafka Streams
-uses the same under exactly_once_v2. Why shorter than a per-partition producer's: a worker that
-dies mid-round leaves its transaction open, and nobody aborts it early (its transactional id is
-its own, unlike a partition's, which the next owner's producer takes over). The new owners'
-stable offset reads wait until the broker aborts it at this timeout. A round is writes and a
-commit (an external command runs outside it), so 10 s is far above what one takes."""
 
 
 def worker_transactional_id(scheduler: SchedulerDef, member: str) -> str:
@@ -50,18 +40,7 @@ def worker_transactional_id(scheduler: SchedulerDef, member: str) -> str:
 
 def shared_stream(scheduler: SchedulerDef, *, bootstrap: clients.Conn, member: str, metrics: Metrics,
                   deadline_s: float, consumer: Callable[[], GroupConsumer]) -> TxnStream:
-    """The worker's stream; ``consumer()`` is the group member's consumer (its generation)."""
-    txn_id = worker_transactional_id(scheduler, member)
-    deadline_s = min(deadline_s, SHARED_TXN_TIMEOUT_S)
-
-    def make() -> TransactionalProducer:
-        return clients.transactional_producer(
-            bootstrap, txn_id, max_batch_size=1024 * 1024, max_request_size=2 * 1024 * 1024,
-            request_timeout_ms=30_000, transaction_timeout_ms=int(deadline_s * 1000),
-            retry_backoff_ms=RETRY_BACKOFF_MS, client_id=f"{member}-txn")
-
-    stream: TxnStream = TxnStream(
-        make, scheduler.group, metrics=metrics, deadline_s=deadline_s,
-        prepare=lambda producer: generation_fenced_offsets(producer, stream.round_generation),
-        generation=lambda: group_generation(consumer()))
-    return stream
+    """The worker's stream (:data:`streamsched.kafka.txnstream.SHARED_TXN_TIMEOUT_S` bounds its
+    deadline); ``consumer()`` is the group member's consumer (its generation)."""
+    return group_stream(bootstrap, worker_transactional_id(scheduler, member), scheduler.group,
+                        metrics=metrics, deadline_s=deadline_s, consumer=consumer, client_id=f"{member}-txn")

@@ -1,6 +1,6 @@
-"""Tickers killed around their fire-and-advance transaction, contending and rebalancing, and in
-the middle of a backfill: every occurrence fires exactly once (no duplicate, no gap), read with
-read_committed."""
+"""Tickers killed around their fire-and-advance transaction, frozen inside it (a zombie) while
+their partitions move, contending and rebalancing, and in the middle of a backfill: every
+occurrence fires exactly once (no duplicate, no gap), read with read_committed."""
 
 from __future__ import annotations
 
@@ -69,6 +69,51 @@ async def test_killed_around_commit(bootstrap: str, tmp_path: Path, point: str) 
         await wait_for(lambda: fired_at_least(catalog, 6), timeout=60, what="fires after restart")
     finally:
         assert survivor.terminate() == 0
+    await assert_exactly_once(bootstrap, target, catalog)
+
+
+def stopped(proc: WorkerProcess) -> bool:
+    """The process is frozen by SIGSTOP (``T`` in /proc's state)."""
+    try:
+        return Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("transactions", ["partition", "worker"])
+async def test_a_ticker_frozen_inside_its_transaction_is_fenced(bootstrap: str, tmp_path: Path,
+                                                                transactions: str) -> None:
+    catalog, target = await setup(bootstrap)
+    env = {"STREAMSCHED_TRANSACTIONS": transactions}
+    # Frozen with its fourth firing transaction open: occurrences, states and history written.
+    zombie = ticker(catalog, tmp_path / "zombie.log", STREAMSCHED_FAILPOINT="tick_before_commit:4:stop",
+                    **env).start()
+    successor = None
+    try:
+        async def frozen() -> bool:
+            return stopped(zombie)
+
+        await wait_for(frozen, timeout=60, what="the ticker frozen inside its transaction")
+        successor = ticker(catalog, tmp_path / "successor.log", **env).start()
+        # Its partitions move after the session timeout; the successor waits the frozen
+        # transaction out (fenced by id, or aborted by the broker at its timeout) and fires on.
+        frozen_at = max(s.fired for s in (await catalog.states()).values())
+        await wait_for(lambda: fired_at_least(catalog, frozen_at + 4), timeout=90,
+                       what="the successor firing")
+        zombie.signal(signal.SIGCONT)  # it commits nothing of what it held; it may rejoin the group
+
+        async def zombie_fenced() -> bool:
+            return "fenced out of" in (tmp_path / "zombie.log").read_text(errors="replace")
+
+        await wait_for(zombie_fenced, timeout=60, what="the resumed ticker's transaction refused")
+        resumed_at = max(s.fired for s in (await catalog.states()).values())
+        await wait_for(lambda: fired_at_least(catalog, resumed_at + 3), timeout=60,
+                       what="firing after the resume")
+    finally:
+        zombie.signal(signal.SIGCONT)
+        for proc in (zombie, successor):
+            if proc is not None and proc.alive():
+                assert proc.terminate() == 0, proc.log_tail()
     await assert_exactly_once(bootstrap, target, catalog)
 
 

@@ -154,3 +154,24 @@ def test_only_the_cli_installs_the_bootstrap_filter_and_not_for_debug(
     monkeypatch.setenv("STREAMSCHED_LOG", "WARNING")
     assert cli.main(plan) == 0 and cli.main(plan) == 0
     assert len(ours()) == 1 and ours()[0] is clientlog._filters[clientlog.CLIENT_LOGGER]
+
+
+@pytest.mark.kafka
+async def test_a_consumer_stopped_at_once_after_its_start_stops_for_real(
+        bootstrap: str, make_topic: Callable[..., Awaitable[str]]) -> None:
+    """aiokafka's ``Fetcher.close`` cancels its own pending tasks and awaits each: one cancelled
+    before it first ran (an offset reset, just after an assign) raised CancelledError out of
+    ``stop()`` half-way, with the rest of the fetcher polling and the connections open; a
+    service stopped then exited as if killed by a second signal. The factory's consumers stop
+    whole, and the caller is not told a cancellation it never asked for."""
+    from aiokafka import TopicPartition
+
+    topic = await make_topic("stop")
+    for _ in range(10):
+        consumer = clients.consumer(bootstrap)
+        await consumer.start()
+        consumer.assign([TopicPartition(topic, 0)])
+        await consumer.stop()  # no CancelledError
+        fetcher, client = consumer._fetcher, consumer._client
+        assert all(task.done() for task in fetcher._pending_tasks)
+        assert not client._conns, "connections left open"

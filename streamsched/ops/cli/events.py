@@ -183,7 +183,8 @@ def ticker_config(bootstrap: Any, instance_id: str | None = None) -> Any:
     given: dict[str, Any] = {"instance_id": instance_id} if instance_id is not None else {}
     wc = worker_config_from_env(bootstrap, store_dir=MEMORY, **given)
     return TickerConfig(bootstrap=bootstrap, owner=wc.owner, session_timeout_ms=wc.session_timeout_ms,
-                        heartbeat_interval_ms=wc.heartbeat_interval_ms, instance_id=wc.instance_id)
+                        heartbeat_interval_ms=wc.heartbeat_interval_ms, instance_id=wc.instance_id,
+                        transactions=wc.transactions)
 
 
 def _run_ticker(catalog: Any, args: argparse.Namespace) -> int:

@@ -59,7 +59,7 @@ environment (besides the flags' own):
   STREAMSCHED_STORE_BLOCK_CACHE_BYTES
                                   with --store-dir: bytes of RocksDB's block cache, shared by the
                                   worker's stores (default 16777216)
-  STREAMSCHED_TRANSACTIONS        worker (default: one transactional producer per worker, its
+  STREAMSCHED_TRANSACTIONS        worker (default: one transactional producer per process, its
                                   offsets checked against the group generation) or partition
                                   (legacy: one per owned partition, for brokers before 2.5)
   STREAMSCHED_LOG                 log level: debug, info, warning (default), error; DEBUG also
