@@ -5,8 +5,9 @@ partitions holding ``--per-partition`` (40) due events on every partition (disti
 produced before anything reads them), and a fresh scheduler over it whose external command
 returns at once (the ``external`` shape of bench/turns_app.py, claims on disk as ``streamsched
 run`` keeps them by default). Its internal topics (state, dead-letter, delay, audit; N partitions
-each) are created first and timed on their own (``p<N>_topics_create_s``), so the start-up
-figure is the worker's, not the broker's topic creation.
+each) are created first and timed on their own (``p<N>_topics_create_s``, until the broker
+answers ListOffsets for every one of their partitions), so the start-up figure is the
+worker's, not the broker's topic creation.
 
 Then one worker process (real ``streamsched run``, so RSS, sockets and threads are its own) is
 started, and the harness polls the group's committed offsets (one OffsetFetch every
@@ -209,7 +210,36 @@ async def prepare(bootstrap: str, n: int, per_partition: int) -> Size:
     started = time.monotonic()
     internal = bench_scheduler("external", topic, name, "unused").internal_topics(n, None)
     await apply(bootstrap, internal, visible_timeout_s=180)
+    await serving(bootstrap, internal, deadline_s=180)
     return Size(n, topic, name, len(events), round(time.monotonic() - started, 2), internal)
+
+
+async def serving(bootstrap: str, specs: list[TopicSpec], *, deadline_s: float) -> None:
+    """Until the broker leads every partition of ``specs`` (ListOffsets answered for all).
+
+    Why: a topic is visible in the metadata before its broker has taken the leadership of each
+    partition; with 4,096 new partitions on one broker that took about 15 s, during which every
+    produce to them failed with NotLeaderForPartition. A worker started then measured the
+    broker's topic creation (its first transaction ran past its deadline and every owner
+    restarted), not its own start-up."""
+    from aiokafka import TopicPartition
+    from aiokafka.errors import KafkaError
+
+    tps = [TopicPartition(s.name, p) for s in specs for p in range(s.partitions)]
+    consumer = clients.consumer(bootstrap)
+    await consumer.start()
+    try:
+        give_up = time.monotonic() + deadline_s
+        while True:
+            try:
+                await consumer.end_offsets(tps)
+                return
+            except KafkaError:
+                if time.monotonic() > give_up:
+                    raise
+                await asyncio.sleep(0.5)
+    finally:
+        await consumer.stop()
 
 
 # --- contenders -----------------------------------------------------------------------------------

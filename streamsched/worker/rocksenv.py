@@ -54,6 +54,12 @@ STORE_CACHE_FLOOR = 64 * 1024
 (a turn's working set: a claim window's identities and their selection lookups)."""
 
 
+WRITER_THREADS = 8
+"""Threads for the stores' RocksDB work (opens, wipes, batch writes; each store's run one after
+the other). Mostly waiting on the disk (an open writes and syncs several files), not on the CPU:
+with 2, a worker restoring 1,024 small partitions spent most of its start-up queued here."""
+
+
 class StoreEnv:
     """What every claim store of one worker shares: the directory, the RocksDB block cache and
     memtable budget, a writer thread, and the state topics' identities (asked of the cluster)."""
@@ -73,7 +79,8 @@ class StoreEnv:
         """Store directories this process has open (RocksDB's lock does not tell its own)."""
         self.unwritable: set[tuple[str, int]] = set()
         """Stores whose last write failed (gauge ``store_unwritable`` at 1) until one restores."""
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="claimstore")
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=WRITER_THREADS,
+                                                              thread_name_prefix="claimstore")
         self.caches: weakref.WeakSet[_Cached] = weakref.WeakSet()
         """The stores whose decoded-snapshot caches :meth:`memory` adds up (weak: a store
         dropped after a revocation leaves the sum with its memory)."""

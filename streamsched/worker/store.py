@@ -46,6 +46,10 @@ from streamsched.worker.storefaults import unwritable
 
 log = logging.getLogger(__name__)
 
+BULK_MIN_RECORDS = 10_000
+"""A cold restore of at least this many offsets loads its store in bulk mode (see ClaimStore):
+a bulk open ends with a flush and a second open, which a small restore does not win back
+(1,024 restores of a few records each, on one worker: the second open was most of their time)."""
 DECODED_MAX = 512
 """Most decoded snapshots :class:`PartitionState` keeps beside the encoded ones: enough for the
 lookups of a transaction's batches, few enough that the collector hardly notices them."""
@@ -203,7 +207,7 @@ async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: i
             log.log(logging.INFO if reason == "no local store" else logging.WARNING,
                     "claim store of %s[%d]: %s; restoring cold", topic, partition, reason)
             kind, start = "cold", bounds.begin
-            await store.in_thread(lambda: store.wipe(ident, bulk=start < bounds.end))
+            await store.in_thread(lambda: store.wipe(ident, bulk=bounds.end - start >= BULK_MIN_RECORDS))
         progress = Progress(metrics, topic, partition, start, bounds.end, kind)
         if start < bounds.end:
             async with reader:
