@@ -185,17 +185,21 @@ async def open_store(env: StoreEnv, conn: clients.Conn, topic: str, partition: i
     from its checkpoint if it is trusted, else wiped and restored cold (module docs). An end
     before ``min_end``, or before the store's own checkpoint, is a stale leader's: it raises
     :class:`ChangelogBehind`. The RocksDB work (open, wipe) runs while no restore consumer is
-    held: a pooled consumer is lent for the bounds, then for the records."""
+    held: a pooled consumer is lent for the bounds, then for the records (without ``pool``, a
+    pool of one consumer for this restore alone)."""
+    if pool is None:
+        own = ReaderPool(conn, 1)
+        try:
+            return await open_store(env, conn, topic, partition, horizon_s=horizon_s, metrics=metrics,
+                                    stall_s=stall_s, min_end=min_end, pool=own)
+        finally:
+            await own.close()
     ident = await env.identity(conn, topic)
     store = ClaimStore(env, topic, partition, horizon_s=horizon_s, metrics=metrics)
     try:
         existing = await store.in_thread(store.open_existing)
         reader = PartitionReader(conn, topic, partition, stall_s=stall_s, pool=pool)
-        if pool is not None:
-            bounds = await reader.bounds(min_end=min_end)  # asked with other restores, nothing held
-        else:
-            async with PartitionReader(conn, topic, partition, stall_s=stall_s) as own:
-                bounds = await own.bounds(min_end=min_end)
+        bounds = await reader.bounds(min_end=min_end)  # asked with other restores, nothing held
         reason: str | None = "no local store"
         if existing:
             reason = store.distrust(ident, bounds, int(time.time() * 1000))

@@ -6,7 +6,8 @@ again."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -53,48 +54,47 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[GroupConsumer]:
     return built
 
 
+@contextlib.asynccontextmanager
+async def _filled(bootstrap: str, make_topic: Callable[..., Any],
+                  size: int) -> AsyncIterator[tuple[str, ReaderPool]]:
+    """A state topic of PARTITIONS x PER_PARTITION records, and a pool of ``size`` over it (closed
+    at the end)."""
+    topic = await make_topic("pool", PARTITIONS, kind="state")
+    await _fill(bootstrap, topic)
+    pool = ReaderPool(bootstrap, size=size)
+    try:
+        yield topic, pool
+    finally:
+        await pool.close()
+
+
 def _expected(p: int) -> list[bytes]:
     return [f"{p}:{i}".encode() for i in range(PER_PARTITION)]
 
 
 async def test_one_consumer_reads_every_partition_in_turn(bootstrap: str, make_topic: Callable[..., Any],
                                                           started: list[GroupConsumer]) -> None:
-    topic = await make_topic("pool", PARTITIONS, kind="state")
-    await _fill(bootstrap, topic)
-    pool = ReaderPool(bootstrap, size=1)
-    try:
+    async with _filled(bootstrap, make_topic, 1) as (topic, pool):
         for p in [0, 1, 2, 3, 1, 0]:  # again after others: its records, from the first, once each
             assert await _read(bootstrap, topic, p, pool) == _expected(p)
-    finally:
-        await pool.close()
     assert len(started) == 1
 
 
 async def test_concurrent_reads_share_at_most_the_pool(bootstrap: str, make_topic: Callable[..., Any],
                                                        started: list[GroupConsumer]) -> None:
-    topic = await make_topic("pool", PARTITIONS, kind="state")
-    await _fill(bootstrap, topic)
-    pool = ReaderPool(bootstrap, size=2)
-    try:
+    async with _filled(bootstrap, make_topic, 2) as (topic, pool):
         got = await asyncio.gather(*[_read(bootstrap, topic, p % PARTITIONS, pool) for p in range(12)])
-    finally:
-        await pool.close()
     assert got == [_expected(p % PARTITIONS) for p in range(12)]
     assert 1 <= len(started) <= 2
 
 
 async def test_a_consumer_whose_read_failed_is_not_lent_again(bootstrap: str, make_topic: Callable[..., Any],
                                                               started: list[GroupConsumer]) -> None:
-    topic = await make_topic("pool", PARTITIONS, kind="state")
-    await _fill(bootstrap, topic)
-    pool = ReaderPool(bootstrap, size=1)
-    try:
+    async with _filled(bootstrap, make_topic, 1) as (topic, pool):
         with pytest.raises(RuntimeError, match="the restore failed"):
             async with PartitionReader(bootstrap, topic, 2, pool=pool):
                 raise RuntimeError("the restore failed")
         assert await _read(bootstrap, topic, 3, pool) == _expected(3)
-    finally:
-        await pool.close()
     assert len(started) == 2
 
 
@@ -105,10 +105,7 @@ def test_a_pool_needs_a_consumer() -> None:
 
 async def test_bounds_asked_together_need_no_lent_consumer(bootstrap: str, make_topic: Callable[..., Any],
                                                            started: list[GroupConsumer]) -> None:
-    topic = await make_topic("pool", PARTITIONS, kind="state")
-    await _fill(bootstrap, topic)
-    pool = ReaderPool(bootstrap, size=1)
-    try:
+    async with _filled(bootstrap, make_topic, 1) as (topic, pool):
         async with PartitionReader(bootstrap, topic, 0, pool=pool) as holding:  # the one consumer
             entered = await holding.bounds()
             asked = asyncio.gather(*[PartitionReader(bootstrap, topic, p, pool=pool).bounds()
@@ -116,8 +113,6 @@ async def test_bounds_asked_together_need_no_lent_consumer(bootstrap: str, make_
             await asyncio.sleep(0.2)
             assert not asked.done()  # they wait for a consumer, all in one ask
         together = await asked
-    finally:
-        await pool.close()
     assert entered.end - entered.begin == PER_PARTITION
     assert [(b.end - b.begin) for b in together] == [PER_PARTITION] * PARTITIONS
     assert len(started) == 1
