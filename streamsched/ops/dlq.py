@@ -227,6 +227,11 @@ async def replay(bootstrap: clients.Conn, dlq_topic: str, *, kinds: set[str] | N
         committed = await admin.list_consumer_group_offsets(group, partitions=tps)
         consumer = dlq_consumer(bootstrap, group)
         await consumer.start()
+        # Assigned once, read one partition at a time by resuming it: aiokafka's coordinator
+        # routine of a group consumer fails for good (an assertion) when the assignment is
+        # replaced while it looks the group's coordinator up, as a quick second assign did.
+        consumer.assign(tps)
+        consumer.pause(*tps)
         if not dry_run:
             producer = clients.producer(bootstrap, linger_ms=5,
                                         max_request_size=MAX_DEAD_LETTER_BYTES + 64 * 1024)
@@ -251,7 +256,17 @@ async def _replay_partition(admin: Any, consumer: GroupConsumer, producer: Produ
                             tp: TopicPartitionLike, committed: Any,
                             kinds: set[str] | None, limit: int, report: ReplayReport,
                             partitions: dict[str, int | None]) -> None:
-    consumer.assign([tp])
+    consumer.resume(tp)  # the others stay paused: no prefetch of them
+    try:
+        await _replay_resumed(admin, consumer, producer, tp, committed, kinds, limit, report, partitions)
+    finally:
+        consumer.pause(tp)
+
+
+async def _replay_resumed(admin: Any, consumer: GroupConsumer, producer: Producer | None,
+                          tp: TopicPartitionLike, committed: Any,
+                          kinds: set[str] | None, limit: int, report: ReplayReport,
+                          partitions: dict[str, int | None]) -> None:
     begin = (await consumer.beginning_offsets([tp]))[tp]
     end = (await consumer.end_offsets([tp]))[tp]
     found = int(committed.offset) if committed is not None and committed.offset >= 0 else None
