@@ -106,6 +106,11 @@ CUT_BROKER_ERRORS = re.compile("|".join([
     + r"\n.* > sender\.py:_sender_routine => (?:aiokafka\.errors\.)?KafkaError\b.*",
     # A restore refused for a state-topic end read from the cut-off broker's stale log.
     routine_owner_failures("ChangelogBehind"),
+    # A position reset asked of the cut-off broker, which a client's metadata (read from that
+    # broker) still names as the leader: it answers NOT_LEADER, the consumer forces a metadata
+    # update and asks again (kafka/clients._refresh_metadata_on_offset_errors).
+    one_line(r"ERROR aiokafka\.consumer\.fetcher Failed fetch offsets from \d+: "
+             r"\[Error 6\] NotLeaderForPartitionError: "),
 ]))
 """What a broker cut off from the others adds: while it still takes itself for a transaction
 coordinator it can answer an EndTxn with UNKNOWN_SERVER_ERROR, which ends aiokafka's sender
@@ -114,7 +119,8 @@ fresh producer. Only an EndTxn may end the routine so (:data:`END_TXN_UNKNOWN`: 
 must show that path, not just its last line), and an owner failing of it must show that cause
 (a bare ``UnknownError`` owner failure, whose path no traceback shows, is not explained). And
 while it still serves its old log, a restore that read the end of a state partition from it is
-refused (``ChangelogBehind``) and retried."""
+refused (``ChangelogBehind``) and retried, and a consumer resetting a position there is told
+NOT_LEADER until its metadata comes from another broker."""
 
 INJECTED_OWNER_FAULTS = re.compile(routine_owner_failures("InjectedFault"))
 """The rebalance storm's owners fail on purpose (``STREAMSCHED_OWNER_FAULTS``)."""

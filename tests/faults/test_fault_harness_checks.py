@@ -151,6 +151,16 @@ def test_a_cut_off_coordinators_end_txn_passes_only_where_the_scenario_allows_it
     assert len(unexpected_log_lines(other, allow=[fault_logs.CUT_BROKER_ERRORS])) == 2  # line, traceback
 
 
+def test_a_position_reset_told_not_leader_passes_only_where_a_broker_is_cut_off() -> None:
+    line = ("2026-12-06 16:06:29,071 ERROR aiokafka.consumer.fetcher Failed fetch offsets from 2: "
+            "[Error 6] NotLeaderForPartitionError: TopicPartition(topic='runs.t', partition=3)")
+    assert unexpected_log_lines(line) == [line]
+    assert unexpected_log_lines(line, allow=[fault_logs.CUT_BROKER_ERRORS]) == []
+    # Another error of the same lookup is still reported.
+    other = line.replace("[Error 6] NotLeaderForPartitionError", "[Error 3] UnknownTopicOrPartitionError")
+    assert unexpected_log_lines(other, allow=[fault_logs.CUT_BROKER_ERRORS]) == [other]
+
+
 def test_an_unknown_error_ending_the_sender_elsewhere_is_still_reported() -> None:
     # The same UnknownError, the same last line, but answering an AddPartitionsToTxn: no cut
     # coordinator's EndTxn explains it, so neither the routine's end nor the owner's failure passes.
