@@ -452,29 +452,26 @@ def _recover_from_timeouts(built: object) -> None:
 
 def producer(conn: Conn, **options: Any) -> Producer:
     """An idempotent ``AIOKafkaProducer`` with ``acks="all"`` (not started)."""
-    _refuse(options, LOCKED_PRODUCER, "producer")
-    c = connection(conn)
-    built = _producer_class()(acks="all", enable_idempotence=True,
-                              **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
-    built._streamsched_conn = c
-    _recover_from_timeouts(built)
-    compat.contain_requeue(built)
-    return built  # type: ignore[no-any-return]
+    return _built_producer(conn, options)  # type: ignore[no-any-return]
 
 
 def transactional_producer(conn: Conn, transactional_id: str, **options: Any) -> TransactionalProducer:
     """A transactional producer bound to ``transactional_id`` (its start fences older owners)."""
-    _refuse(options, LOCKED_PRODUCER, "producer")
     if not transactional_id:
         raise ConfigError("a transactional producer needs a transactional id")
     clientlog.install()  # KIP-890's routine produce retries: one line a minute, not hundreds
+    return _built_producer(conn, options, transactional_id=transactional_id)  # type: ignore[no-any-return]
+
+
+def _built_producer(conn: Conn, options: dict[str, Any], **fixed: Any) -> Any:
+    _refuse(options, LOCKED_PRODUCER, "producer")
     c = connection(conn)
-    built = _producer_class()(acks="all", enable_idempotence=True, transactional_id=transactional_id,
+    built = _producer_class()(acks="all", enable_idempotence=True, **fixed,
                               **{**_PRODUCER_DEFAULTS, **c.for_client("producer"), **options})
     built._streamsched_conn = c
     _recover_from_timeouts(built)
     compat.contain_requeue(built)
-    return built  # type: ignore[no-any-return]
+    return built
 
 
 def admin(conn: Conn, **options: Any) -> Any:
