@@ -341,9 +341,6 @@ def _producer_class() -> type[Any]:
             await _closing_on_failure(super().start(), self.stop)
             await _verify_started(self, compat.client_of(self), self.stop)
 
-        async def stop(self) -> None:
-            await compat.stop_consumer(self, super().stop)  # whole, see there
-
     return Producer
 
 

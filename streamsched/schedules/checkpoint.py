@@ -116,10 +116,13 @@ class TickCheckpoint:
                     raise Abandoned
                 await asyncio.sleep(min(remaining / 1e9, 0.05))
 
+        def count_late() -> None:
+            if self.events and clock() > self.now:
+                metrics.inc("late_plans")  # planned (and, in a transaction of its own, written) too late
+
         shared = isinstance(producer, TxnPort)
         if shared:
-            if not shared and self.events and clock() > self.now:
-                metrics.inc("late_plans")  # planned past its time
+            count_late()
             await until_planned()  # before joining the shared round (module docs)
 
         async def body() -> None:
@@ -138,8 +141,8 @@ class TickCheckpoint:
             await writer.flush()
             if offsets:
                 await producer.send_offsets_to_transaction(offsets, cat.group)
-            if not shared and self.events and clock() > self.now:
-                metrics.inc("late_plans")
+            if not shared:
+                count_late()
             await until_planned()
             if self.events:
                 failpoints.hit("tick_before_commit")
