@@ -30,6 +30,7 @@ every page, with the restore progress reported.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
@@ -208,35 +209,33 @@ class ReaderPool:
 
     async def _ask(self, ask: _BoundsAsk) -> None:
         try:
-            consumer = await self.lend()
+            async with self.lent() as consumer:
+                self._asking = None  # partitions asked for from now on go in the next request
+                tps = list(ask.tps)
+                begin = await consumer.beginning_offsets(tps)
+                end = await consumer.end_offsets(tps)
         except BaseException as exc:
-            self._asking = None
+            if self._asking is ask:  # no consumer was lent: the next asker starts a new request
+                self._asking = None
             ask.answer.set_exception(exc)
             raise
-        # Partitions asked for from now on go in the next request.
-        self._asking = None
-        healthy = False
-        try:
-            tps = list(ask.tps)
-            begin = await consumer.beginning_offsets(tps)
-            end = await consumer.end_offsets(tps)
-            healthy = True
-            ask.answer.set_result((dict(begin), dict(end)))
-        except BaseException as exc:
-            ask.answer.set_exception(exc)
-            raise
-        finally:
-            await self.give_back(consumer, healthy=healthy)
+        ask.answer.set_result((dict(begin), dict(end)))
 
     async def high_watermark(self, tp: TopicPartitionLike) -> int | None:
         """``tp``'s high watermark (:func:`streamsched.kafka.compat_offsets.high_watermark`),
         asked through a lent consumer."""
+        async with self.lent() as consumer:
+            return await compat_offsets.high_watermark(consumer, tp)
+
+    @contextlib.asynccontextmanager
+    async def lent(self) -> AsyncIterator[GroupConsumer]:
+        """A consumer lent for the block, given back after it (stopped, not lent again, if the
+        block failed)."""
         consumer = await self.lend()
         healthy = False
         try:
-            high = await compat_offsets.high_watermark(consumer, tp)
+            yield consumer
             healthy = True
-            return high
         finally:
             await self.give_back(consumer, healthy=healthy)
 

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -40,6 +40,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from streamsched.errors import ConfigError, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.assignor import assignors
+from streamsched.kafka.compat_offsets import fetch_stable_offsets
 from streamsched.kafka.owner import Owners, OwnerSpec
 from streamsched.kafka.protocols import GroupConsumer, PartitionKey, TopicPartitionLike
 from streamsched.metrics import Metrics
@@ -58,6 +59,11 @@ P = TypeVar("P", bound=Resumable)
 
 
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+OFFSET_LOOKUP_S = 30.0
+"""How long an owner waits for its committed offsets (read stable: until an earlier owner's open
+transaction ended, by its timeout, at most 10 s for a shared producer, plus the broker's check)."""
 
 
 def check_instance_id(instance_id: str | None) -> None:
@@ -147,6 +153,19 @@ class GroupMember(Generic[P]):
             found = self._tps[partition] = tuple(TopicPartition(topic, partition)
                                                  for topic in self.membership.topics)
         return found
+
+    async def committed(self, tps: Iterable[TopicPartitionLike], *, stable: bool,
+                        deadline_s: float = OFFSET_LOOKUP_S) -> dict[TopicPartitionLike, int | None]:
+        """The group's committed offset of each of ``tps`` (None: nothing committed), within
+        ``deadline_s``. ``stable``: read with ``require_stable``, so after any open transaction
+        holding offsets of them ended (an owner that no producer fenced, see
+        :mod:`streamsched.kafka.txnstream`); else as the consumer reads them (brokers before 2.5
+        have no stable read; a fenced owner needs none)."""
+        wanted = list(tps)
+        if stable:
+            return await fetch_stable_offsets(self.consumer, self.membership.group, wanted,
+                                              deadline_s=deadline_s)
+        return {tp: await asyncio.wait_for(self.consumer.committed(tp), deadline_s) for tp in wanted}
 
     def hold(self, partition: int) -> None:
         """Fetch nothing of ``partition`` (an owner starts, or is gone) until it is live again."""

@@ -41,7 +41,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from streamsched.errors import GenerationFenced, RoundAborted, StreamschedError, TransactionStuck
+from streamsched.errors import ConfigError, GenerationFenced, RoundAborted, StreamschedError, TransactionStuck
 from streamsched.kafka import clients
 from streamsched.kafka.compat_offsets import GroupGeneration, generation_fenced_offsets, group_generation
 from streamsched.kafka.fencing import linger, producer_fenced, producer_taken_over, retrieve, settle_sends
@@ -57,6 +57,17 @@ from streamsched.kafka.txn import ABORT_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLI
 from streamsched.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+TRANSACTION_MODES = ("partition", "worker")
+"""How an owner process fences its writes: ``worker``, one producer for every partition it owns
+(this module); ``partition`` (legacy, brokers before 2.5), one producer per owned partition."""
+
+
+def check_transactions(mode: str) -> None:
+    """Refuse a transaction mode that is none of :data:`TRANSACTION_MODES` (one line)."""
+    if mode not in TRANSACTION_MODES:
+        raise ConfigError(f"transactions must be one of {', '.join(TRANSACTION_MODES)}, not {mode!r}")
+
 
 SHARED_TXN_TIMEOUT_S = 10.0
 """A member's shared producer's transaction timeout (and its rounds' deadline), at most; Kafka

@@ -82,6 +82,15 @@ def transactional_prefix(role: str, *parts: str) -> str:
     return TXN_SEPARATOR.join(("streamsched", role, *checked, ""))
 
 
+def member_transactional_id(role: str, *parts: str, member: str) -> str:
+    """The transactional id of the one producer a ``role`` owner process writes every partition it
+    owns through (see :func:`transactional_prefix`): ``<prefix>w-<member>``, e.g.
+    ``streamsched:ticker:nightly:w-ticker-0``. ``member`` is the process's group instance id when
+    it has one, so a successor under the same id fences its predecessor's producer; else its
+    owner name (unique per process). Under the role's prefix, so its ACL is unchanged."""
+    return f"{transactional_prefix(role, *parts)}w-{member}"
+
+
 def transactional_id(role: str, *parts: str, partition: int) -> str:
     """The transactional id of the fenced producer owning ``partition`` for one ``role`` owner
     (see :func:`transactional_prefix`), e.g. ``streamsched:scheduler:streamsched.x:orders:3``."""

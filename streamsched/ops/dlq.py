@@ -241,8 +241,10 @@ async def replay(bootstrap: clients.Conn, dlq_topic: str, *, kinds: set[str] | N
             if report.replayed >= limit:
                 report.limited = True
                 break
+            consumer.resume(tp)  # the others stay paused: no prefetch of them
             await _replay_partition(admin, consumer, producer, tp, committed.get(tp), kinds, limit,
                                     report, partitions)
+            consumer.pause(tp)
         return report
     finally:
         if producer is not None:
@@ -256,17 +258,6 @@ async def _replay_partition(admin: Any, consumer: GroupConsumer, producer: Produ
                             tp: TopicPartitionLike, committed: Any,
                             kinds: set[str] | None, limit: int, report: ReplayReport,
                             partitions: dict[str, int | None]) -> None:
-    consumer.resume(tp)  # the others stay paused: no prefetch of them
-    try:
-        await _replay_resumed(admin, consumer, producer, tp, committed, kinds, limit, report, partitions)
-    finally:
-        consumer.pause(tp)
-
-
-async def _replay_resumed(admin: Any, consumer: GroupConsumer, producer: Producer | None,
-                          tp: TopicPartitionLike, committed: Any,
-                          kinds: set[str] | None, limit: int, report: ReplayReport,
-                          partitions: dict[str, int | None]) -> None:
     begin = (await consumer.beginning_offsets([tp]))[tp]
     end = (await consumer.end_offsets([tp]))[tp]
     found = int(committed.offset) if committed is not None and committed.offset >= 0 else None

@@ -78,19 +78,19 @@ class FeedbackReader:
         """The feedback offset last committed (by a previous owner, or by this one's ticks)."""
 
     @classmethod
-    async def open(cls, conn: clients.Conn, topic: str, partition: int, group: str,
-                   metrics: Metrics, *, known: tuple[int | None] | None = None) -> FeedbackReader:
-        """A reader of ``topic[partition]`` positioned at ``group``'s committed offset (read after
-        this owner fenced every earlier one: none of them can move it any more), or at
-        ``known[0]`` when the caller read it already (None in it: nothing committed)."""
+    async def open(cls, conn: clients.Conn, topic: str, partition: int, metrics: Metrics, *,
+                   committed: int | None) -> FeedbackReader:
+        """A reader of ``topic[partition]`` positioned at the ticker group's ``committed`` offset
+        (None: nothing committed; read by the caller after no earlier owner can move it any
+        more). It joins no group: the offsets it reads up to are committed in the ticks'
+        transactions."""
         from aiokafka import TopicPartition
 
         tp = TopicPartition(topic, partition)
-        consumer = clients.consumer(conn, group_id=group)
+        consumer = clients.consumer(conn)
         await consumer.start()
         try:
             consumer.assign([tp])
-            committed = await consumer.committed(tp) if known is None else known[0]
             if committed is None:
                 await consumer.seek_to_beginning(tp)
             else:
@@ -99,11 +99,6 @@ class FeedbackReader:
             await consumer.stop()
             raise
         return cls(consumer, tp, metrics, sent=committed)
-
-    async def committed(self, tp: PartitionKey) -> int | None:
-        """The group's committed offset of another partition (the definitions partition's says
-        which requests are applied)."""
-        return await self.consumer.committed(tp)
 
     async def reports(self) -> tuple[list[Report], int | None]:
         """The rows read since the last call, and the offset to commit with them (None: nothing

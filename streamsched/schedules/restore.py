@@ -16,8 +16,8 @@ worker's owners take too (:func:`streamsched.kafka.changelog.replay`):
    fired. It raises :class:`~streamsched.errors.ChangelogBehind`; the owner restarts and reads
    again with fresh metadata;
 
-The group's committed offsets of the feedback and definitions partitions are read first (by the
-ticker, ``require_stable``, when its partitions share one producer). The
+The group's committed offsets of the feedback and definitions partitions are read first, by the
+ticker (``require_stable`` when its partitions share one producer). The
 definitions are read to the end their reader sees; the ticker's group consumer goes on from
 there, so a definition a stale read missed past the committed offset arrives through the intake.
 """
@@ -37,21 +37,21 @@ KIND = "ticker"
 """The restore kind in the ``restores`` metric and the progress log lines."""
 
 
-async def restore(ctx: TickContext, owner: Owned, *,
-                  committed: Mapping[PartitionKey, int | None] | None = None) -> PartitionTicker:
+async def restore(ctx: TickContext, owner: Owned,
+                  committed: Mapping[PartitionKey, int | None]) -> PartitionTicker:
     """The partition's ticker, restored (module docs). ``committed``: the group's offsets of the
-    definitions and feedback partitions, already read stable (else read here, after the
-    producer fenced every earlier owner)."""
+    definitions and feedback partitions (None: nothing committed), read by the caller after no
+    earlier owner can move them any more."""
     from aiokafka import TopicPartition
 
     cat, p = ctx.catalog, owner.partition
     barrier = await read_barrier(owner.producer, cat.state_topic, p, metrics=ctx.metrics)
     book = ScheduleBook(ctx.metrics, p)
     defs_tp, feedback_tp = TopicPartition(cat.definitions_topic, p), TopicPartition(cat.feedback_topic, p)
-    feedback = await FeedbackReader.open(ctx.bootstrap, cat.feedback_topic, p, cat.group, ctx.metrics,
-                                         known=None if committed is None else (committed.get(feedback_tp),))
+    feedback = await FeedbackReader.open(ctx.bootstrap, cat.feedback_topic, p, ctx.metrics,
+                                         committed=committed.get(feedback_tp))
     try:
-        defs_committed = await feedback.committed(defs_tp) if committed is None else committed.get(defs_tp)
+        defs_committed = committed.get(defs_tp)
         # The group has consumed the definitions up to its committed offset: an end before it
         # was read from a stale leader, and a definition it misses would reset a newer state.
         defs = await replay(ctx.bootstrap, cat.definitions_topic, p, book.apply_definitions, kind=KIND,

@@ -26,16 +26,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from streamsched.errors import ConfigError
 from streamsched.kafka import clients
-from streamsched.kafka.compat_offsets import fetch_stable_offsets
 from streamsched.kafka.member import GroupMember, Membership, check_instance_id
 from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.protocols import PartitionKey
 from streamsched.kafka.txn import RETRY_BACKOFF_MS, TRANSACTION_TIMEOUT_MS, TXN_DEADLINE_S
-from streamsched.kafka.txnstream import TxnPort, TxnStream, group_stream
+from streamsched.kafka.txnstream import TxnPort, TxnStream, check_transactions, group_stream
 from streamsched.metrics import Metrics
-from streamsched.model.names import transactional_id, transactional_prefix
+from streamsched.model.names import member_transactional_id, transactional_id
 from streamsched.schedules.catalog import Catalog
 from streamsched.schedules.feedback import fired_by_us
 from streamsched.schedules.restore import restore
@@ -65,13 +63,7 @@ class TickerConfig:
 
     def __post_init__(self) -> None:
         check_instance_id(self.instance_id)
-        if self.transactions not in ("partition", "worker"):
-            raise ConfigError("transactions must be 'partition' or 'worker'")
-
-
-OFFSET_LOOKUP_S = 30.0
-"""How long a new owner waits for its committed offsets to be stable (an earlier owner's open
-transaction ends by its timeout, at most 10 s for a shared producer, plus the broker's check)."""
+        check_transactions(self.transactions)
 
 
 class Ticker:
@@ -93,7 +85,7 @@ class Ticker:
             make_producer=None if config.transactions == "partition" else self._port)
         member = config.instance_id or config.owner
         self.stream: TxnStream | None = None if config.transactions == "partition" else group_stream(
-            config.bootstrap, f"{transactional_prefix('ticker', catalog.name)}w-{member}", catalog.group,
+            config.bootstrap, member_transactional_id("ticker", catalog.name, member=member), catalog.group,
             metrics=self.metrics, deadline_s=TXN_DEADLINE_S, consumer=lambda: self.member.consumer,
             client_id=f"{member}-txn")
         membership = Membership(group=catalog.group, topics=(catalog.definitions_topic,),
@@ -125,18 +117,18 @@ class Ticker:
         return self.stream.port(self._tps(partition))
 
     async def _restore(self, owner: PartitionOwner[PartitionTicker]) -> Body[PartitionTicker]:
-        committed: dict[PartitionKey, int | None] | None = None
-        if isinstance(owner.producer, TxnPort):
-            # Nothing fenced the earlier owners: wait out their open transactions, then every
-            # transaction of ours commits these offsets (the log's start where none is).
-            tps = self._tps(owner.partition)
-            committed = dict(await fetch_stable_offsets(self.member.consumer, self.catalog.group, tps,
-                                                        deadline_s=OFFSET_LOOKUP_S))
+        tps = self._tps(owner.partition)
+        port = owner.producer if isinstance(owner.producer, TxnPort) else None
+        # Read after the owner's producer fenced every earlier owner, or (a port) stable: after
+        # their open transactions ended; then every transaction of the port commits them again
+        # (the log's start where none is).
+        committed = await self.member.committed(tps, stable=port is not None)
+        if port is not None:
             missing = [tp for tp in tps if committed.get(tp) is None]
             start = await self.member.consumer.beginning_offsets(missing) if missing else {}
-            owner.producer.carry({tp: int(found if (found := committed.get(tp)) is not None else start[tp])
-                                  for tp in tps})
-        pt = await restore(self.context, owner, committed=committed)
+            port.carry({tp: int(found if (found := committed.get(tp)) is not None else start[tp])
+                        for tp in tps})
+        pt = await restore(self.context, owner, committed)
         return Body(part=pt, run=pt.run, wake=pt.wake.set, close=pt.close)
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -35,13 +35,12 @@ from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import apply, partition_counts
 from streamsched.kafka.changelog import ReaderPool
-from streamsched.kafka.compat_offsets import fetch_stable_offsets
-from streamsched.kafka.member import GroupMember, Membership, check_instance_id
+from streamsched.kafka.member import OFFSET_LOOKUP_S, GroupMember, Membership, check_instance_id
 from streamsched.kafka.owner import Body, OwnerSpec, PartitionOwner, RestartPolicy
 from streamsched.kafka.protocols import ConsumerRecord, GroupConsumer, PartitionKey, TopicPartitionLike
 from streamsched.kafka.registry import SchemaCache, client_for
 from streamsched.kafka.txn import MAX_TXN_DEADLINE_S, RETRY_BACKOFF_MS, TXN_DEADLINE_S, read_barrier
-from streamsched.kafka.txnstream import TxnPort, TxnStream
+from streamsched.kafka.txnstream import TxnPort, TxnStream, check_transactions
 from streamsched.metrics import Metrics
 from streamsched.model.names import transactional_id
 from streamsched.wire.delay import due_ns
@@ -62,8 +61,6 @@ RESTORES_AT_ONCE = 32
 """State partitions one worker reads at the same time (each restore runs a consumer of its own):
 a worker assigned 1,024 partitions at once otherwise starts 1,024 consumers together, whose
 connections and metadata requests starve its group membership."""
-OFFSET_LOOKUP_S = 30.0
-"""Bound on one committed-offset lookup during restore (it must never hang a restore)."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +115,7 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         check_instance_id(self.instance_id)
-        if self.transactions not in ("partition", "worker"):
-            raise ConfigError("transactions must be 'partition' or 'worker'")
+        check_transactions(self.transactions)
         if not 1.0 <= self.transaction_deadline_s <= MAX_TXN_DEADLINE_S:
             raise ConfigError(f"transaction_deadline_s must be within 1..{MAX_TXN_DEADLINE_S:.0f} s")
 
@@ -266,13 +262,7 @@ class Worker:
         """Where each topic partition of ``partition`` resumes: the group's committed offset (read
         ``stable``: after any open transaction holding offsets of it ended), else the log's start."""
         tps = self.member.tps(partition)
-        committed: dict[TopicPartitionLike, int | None]
-        if stable:
-            committed = await fetch_stable_offsets(self.consumer, self.scheduler.group, tps,
-                                                   deadline_s=OFFSET_LOOKUP_S)
-        else:
-            committed = {tp: await asyncio.wait_for(self.consumer.committed(tp), OFFSET_LOOKUP_S)
-                         for tp in tps}
+        committed = await self.member.committed(tps, stable=stable)
         # The log's start of what has no committed offset, asked with the other restores' (one
         # ListOffsets for many partitions, not one per partition through the group's consumer).
         missing = [tp for tp in tps if committed.get(tp) is None]

@@ -26,21 +26,16 @@ from streamsched.kafka import clients
 from streamsched.kafka.protocols import GroupConsumer
 from streamsched.kafka.txnstream import TxnStream, group_stream
 from streamsched.metrics import Metrics
-from streamsched.model.names import transactional_prefix
+from streamsched.model.names import member_transactional_id
 from streamsched.worker.app import SchedulerDef
-
-
-def worker_transactional_id(scheduler: SchedulerDef, member: str) -> str:
-    """``streamsched:scheduler:<group>:<topic>:w-<member>``: under the scheduler's transactional
-    prefix (its ACL is unchanged). ``member`` is the instance id when there is one, so a
-    successor under the same id fences its predecessor's producer; else the process's owner
-    name (unique per process)."""
-    return f"{transactional_prefix('scheduler', scheduler.group, scheduler.topic)}w-{member}"
 
 
 def shared_stream(scheduler: SchedulerDef, *, bootstrap: clients.Conn, member: str, metrics: Metrics,
                   deadline_s: float, consumer: Callable[[], GroupConsumer]) -> TxnStream:
-    """The worker's stream (:data:`streamsched.kafka.txnstream.SHARED_TXN_TIMEOUT_S` bounds its
-    deadline); ``consumer()`` is the group member's consumer (its generation)."""
-    return group_stream(bootstrap, worker_transactional_id(scheduler, member), scheduler.group,
-                        metrics=metrics, deadline_s=deadline_s, consumer=consumer, client_id=f"{member}-txn")
+    """The worker's stream, under ``streamsched:scheduler:<group>:<topic>:w-<member>``
+    (:func:`~streamsched.model.names.member_transactional_id`;
+    :data:`streamsched.kafka.txnstream.SHARED_TXN_TIMEOUT_S` bounds its deadline); ``consumer()``
+    is the group member's consumer (its generation)."""
+    txn_id = member_transactional_id("scheduler", scheduler.group, scheduler.topic, member=member)
+    return group_stream(bootstrap, txn_id, scheduler.group, metrics=metrics, deadline_s=deadline_s,
+                        consumer=consumer, client_id=f"{member}-txn")

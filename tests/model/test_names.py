@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamsched.errors import InvalidName
-from streamsched.model.names import TXN_SEPARATOR, transactional_id, transactional_prefix
+from streamsched.model.names import TXN_SEPARATOR, member_transactional_id, transactional_id, transactional_prefix
 
 # A small alphabet with every separator-like character of the name grammar makes near-collisions
 # (``a.b``+``c`` vs ``a``+``b.c``) frequent.
@@ -42,6 +42,9 @@ def test_the_format_is_readable() -> None:
     assert transactional_id("scheduler", "streamsched.x", "orders", partition=3) == \
         "streamsched:scheduler:streamsched.x:orders:3"
     assert transactional_prefix("ticker", "nightly") == "streamsched:ticker:nightly:"
+    # A process's one producer: under the same prefix (the role's ACL covers it).
+    assert member_transactional_id("ticker", "nightly", member="ticker-0") == \
+        "streamsched:ticker:nightly:w-ticker-0"
 
 
 @given(owners, owners, partitions, partitions)

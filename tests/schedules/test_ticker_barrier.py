@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 
 from streamsched.errors import ChangelogBehind
 from streamsched.kafka import changelog, clients
@@ -74,7 +75,8 @@ async def test_a_tickers_restore_must_reach_the_read_barrier(catalog: Catalog, m
     ctx = TickContext(catalog, Metrics("barrier-test"), catalog.bootstrap, clock)
     owner = StandInOwner(p, producer)
     try:
-        pt = await restore(ctx, owner)
+        committed = await committed_of(catalog, p)  # read after the fence, as the ticker does
+        pt = await restore(ctx, owner, committed)
         try:
             assert pt.book.states == {"job": (await catalog.states())["job"]}  # the barrier is nobody's
         finally:
@@ -91,22 +93,29 @@ async def test_a_tickers_restore_must_reach_the_read_barrier(catalog: Catalog, m
 
         monkeypatch.setattr(restore_module, "read_barrier", beyond_the_end)
         with pytest.raises(ChangelogBehind, match=r"is behind offset"):
-            await restore(ctx, owner)
+            await restore(ctx, owner, committed)
         monkeypatch.setattr(restore_module, "read_barrier", real)
 
         # A definitions end before the group's committed offset there (a stale leader's, whose
         # missing definition would reset a newer state): refused too.
-        real_committed = restore_module.FeedbackReader.committed
-
-        async def ahead(self: Any, tp: Any) -> int:
-            return ((await real_committed(self, tp)) or 0) + 5
-
-        monkeypatch.setattr(restore_module.FeedbackReader, "committed", ahead)
+        defs = TopicPartition(catalog.definitions_topic, p)
+        ahead = {**committed, defs: (committed.get(defs) or 0) + 5}
         with pytest.raises(ChangelogBehind) as refused:
-            await restore(ctx, owner)
+            await restore(ctx, owner, ahead)
         assert refused.value.topic == catalog.definitions_topic
     finally:
         await producer.stop()
+
+
+async def committed_of(catalog: Catalog, p: int) -> dict[Any, int | None]:
+    """The ticker group's committed offsets of ``p``'s definitions and feedback partitions."""
+    tps = [TopicPartition(catalog.definitions_topic, p), TopicPartition(catalog.feedback_topic, p)]
+    consumer = clients.consumer(catalog.bootstrap, group_id=catalog.group)
+    await consumer.start()
+    try:
+        return {tp: await consumer.committed(tp) for tp in tps}
+    finally:
+        await consumer.stop()
 
 
 async def _has_state(catalog: Catalog, name: str) -> bool:
