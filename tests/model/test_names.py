@@ -13,7 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamsched.errors import InvalidName
-from streamsched.model.names import TXN_SEPARATOR, member_transactional_id, transactional_id, transactional_prefix
+from streamsched.model.names import (
+    TXN_SEPARATOR,
+    member_transactional_id,
+    transactional_id,
+    transactional_prefix,
+)
 
 # A small alphabet with every separator-like character of the name grammar makes near-collisions
 # (``a.b``+``c`` vs ``a``+``b.c``) frequent.
