@@ -1,4 +1,4 @@
-"""The metric declaration (streamsched.metrics.METRICS) against the code and docs/metrics.md:
+"""The metric declaration (streamsched.metric_table.METRICS, re-exported by streamsched.metrics) against the code and docs/metrics.md:
 every name the package updates is declared with the type and labels it is updated with, every
 declared name is updated somewhere, and the reference page is the one the declaration generates
 (no broker)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from streamsched import metrics as metrics_module
+from streamsched import metric_table as metrics_module
 from streamsched.metrics import (
     LABELS,
     METRICS,

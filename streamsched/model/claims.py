@@ -9,6 +9,7 @@ States and guarded transitions::
                          │  └────────────release (no new outcome)────────────▶ │
                          └◀──────────────acquire (expired lease / same owner)──┘
     CLAIMED (no outcome) ──park (a retryable failure)──▶ RELEASED (parked for a retry)
+    CLAIMED (no outcome) ──defer (a breaker refused it)──▶ RELEASED (parked, no attempt charged)
     RELEASED (outcome stored) ──reopen (an operator's re-drive)──▶ RELEASED (no outcome, next run)
 
 The retry budget belongs to the identity, not to the record that delivers it: ``attempt`` counts
@@ -175,6 +176,20 @@ class ClaimState:
             raise IllegalTransition(self.identity, self.status.value, "park a retry without a due time")
         return ClaimState(self.identity, ClaimStatus.RELEASED, "", self.fence, 0, self.ordinal,
                           self.revision + 1, None, attempt, self.run, due_ns)
+
+    def defer(self, *, fence: int, expected_revision: int, due_ns: int) -> ClaimState:
+        """Give the claim up without charging an attempt, due again at ``due_ns``: its call was
+        refused, or failed as an open circuit breaker says, because the system it calls is down
+        (the item did nothing wrong). Released without an outcome and :attr:`parked` like a
+        retry, with the attempt count unchanged, so the next delivery runs the same attempt."""
+        self._guard_revision(expected_revision)
+        if self.status is not ClaimStatus.CLAIMED or self.outcome is not None:
+            raise IllegalTransition(self.identity, self.status.value, "defer")
+        self._guard_fence(fence)
+        if due_ns <= 0:
+            raise IllegalTransition(self.identity, self.status.value, "defer without a due time")
+        return ClaimState(self.identity, ClaimStatus.RELEASED, "", self.fence, 0, self.ordinal,
+                          self.revision + 1, None, self.attempt, self.run, due_ns)
 
     def reopen(self, *, expected_revision: int, now_ns: int, force: bool = False) -> ClaimState:
         """Clear a stored outcome so the next delivery executes again (an operator's re-drive).

@@ -24,6 +24,7 @@ __all__ = [
     "Retryable",
     "Terminal",
     "compute_backoff",
+    "is_transient",
     "normalize_failure",
     "should_retry",
 ]
@@ -217,6 +218,12 @@ def _cause_kind(exc: BaseException) -> CauseKind:
     if isinstance(exc, (*_transport_types(), ConnectionError, OSError)):
         return "transport"
     return "internal"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure the downstream may recover from (the ``transient`` category of
+    :func:`normalize_failure`), what a circuit breaker counts against the system called."""
+    return _cause_kind(exc) in _TRANSIENT
 
 
 def normalize_failure(exc: BaseException, *, attempt: int, policy: RetryPolicy, now_ns: int) -> FailureRecord:

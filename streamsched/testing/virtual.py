@@ -38,6 +38,7 @@ from streamsched.testing.fakes import FakeKafka, FakeProducer, FakeRecord, Topic
 from streamsched.wire.delay import due_ns
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.duework import DueIndex, DueItem
+from streamsched.worker.flow import FlowControl
 from streamsched.worker.partition import PartitionRunner
 from streamsched.worker.store import PartitionState
 from streamsched.worker.turn import TurnRunner
@@ -145,6 +146,7 @@ class SchedulerRig:
         self.seed = seed
         self.metrics = Metrics(scheduler.name)
         self.due = DueIndex()
+        self.flow = FlowControl(scheduler, self.metrics, monotonic=clock)  # one per worker, as there
         self.consumer = kafka.consumer(scheduler.group)
         self.parts: dict[int, _Part] = {}
 
@@ -172,7 +174,7 @@ class SchedulerRig:
                                partitions=n, feedback_lookup=lookup,
                                rng=random.Random(f"{self.seed}:{s.name}:{p}"),
                                monotonic=self.clock,  # virtual time never goes back
-                               sleep=self.clock.sleep)
+                               sleep=self.clock.sleep, flow=self.flow)
             resume = {tp: kafka.committed(s.group, tp.topic, tp.partition) or 0 for tp in pair}
             for tp, offset in resume.items():
                 self.consumer.seek(tp, offset)
@@ -234,15 +236,17 @@ class SchedulerRig:
         """Every runner waits for records with nothing in hand: none queued, none executing,
         nothing unresolved or uncommitted."""
         self.check()
-        return all(p.wake.parked and not p.wake.is_set() and not p.runner.queue and p.runner.turns.idle
-                   for p in self.parts.values())
+        gated = self.flow.blocked_until_ns() is not None  # records wait for a breaker's probe time
+        return all(p.wake.parked and not p.wake.is_set() and (gated or not p.runner.queue)
+                   and p.runner.turns.idle for p in self.parts.values())
 
     def stepping(self) -> bool:
         """A runner is in the middle of a step (not waiting on its wake-up)."""
         return any(not p.wake.parked and not p.task.done() for p in self.parts.values())
 
     def next_due_ns(self) -> int | None:
-        return self.due.next_due_ns()
+        due = [d for d in (self.due.next_due_ns(), self.flow.blocked_until_ns()) if d is not None]
+        return min(due, default=None)
 
     async def intake(self) -> bool:
         """One round of the worker's intake; True if it handed anything to a partition."""

@@ -23,10 +23,11 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from streamsched.errors import CommandNotAllowed, ConfigError
 from streamsched.kafka.admin import TopicSpec
+from streamsched.model.breaker import BreakerPolicy
 from streamsched.model.event import TransitionEvent
 from streamsched.model.fastinit import fast_init
 from streamsched.model.identity import IdentityParts, IdentityResolver, route_key
@@ -102,6 +103,8 @@ class ExternalCommand:
 
     name: str
     fn: ExternalFn
+    breaker: BreakerPolicy | None = None
+    """Opens when this command's calls fail (see :mod:`streamsched.model.breaker`)."""
 
     kind = "external"
 
@@ -120,11 +123,16 @@ class KafkaCommand:
 Command = ExternalCommand | KafkaCommand
 
 
-def external_command(name: str | None = None) -> Callable[[ExternalFn], ExternalCommand]:
+def external_command(name: str | None = None, *,
+                     breaker: BreakerPolicy | None = None) -> Callable[[ExternalFn], ExternalCommand]:
+    """Declare an external command; ``breaker``: stop taking work while its calls fail."""
+    if breaker is not None and not isinstance(breaker, BreakerPolicy):
+        raise ConfigError("breaker must be a streamsched BreakerPolicy")
+
     def wrap(fn: ExternalFn) -> ExternalCommand:
         if not inspect.iscoroutinefunction(fn):
             raise ConfigError(f"external command {fn.__name__} must be an async function")
-        return ExternalCommand(validate_name(name or fn.__name__, "command"), fn)
+        return ExternalCommand(validate_name(name or fn.__name__, "command"), fn, breaker)
 
     return wrap
 
@@ -140,15 +148,25 @@ def kafka_command(outputs: Iterable[str], name: str | None = None) -> Callable[[
     return wrap
 
 
+class CallGuard(Protocol):
+    """What stands between a handler and an external command's call (the worker's flow
+    control: circuit breakers); it may refuse the call by raising."""
+
+    async def call(self, command: str, fn: ExternalFn, ctx: CommandContext, kwargs: dict[str, Any]) -> Any:
+        ...
+
+
 class Commands:
     """The handler's only door to effects: exactly the scheduler's declared commands."""
 
-    __slots__ = ("_allowed", "_ctx", "_emits", "_results", "_scheduler")
+    __slots__ = ("_allowed", "_ctx", "_emits", "_guard", "_results", "_scheduler")
 
-    def __init__(self, scheduler: str, allowed: dict[str, Command], ctx: CommandContext) -> None:
+    def __init__(self, scheduler: str, allowed: dict[str, Command], ctx: CommandContext,
+                 guard: CallGuard | None = None) -> None:
         self._scheduler = scheduler
         self._allowed = allowed
         self._ctx = ctx
+        self._guard = guard
         self._emits: list[Emit] = []
         self._results: list[object] = []
 
@@ -177,7 +195,11 @@ def _command_method(name: str, command: Command) -> Callable[..., Awaitable[Any]
         call = command.fn
 
         async def external(self: Commands, **kwargs: Any) -> Any:
-            result = await call(self._ctx, **kwargs)
+            guard = self._guard
+            if guard is None:
+                result = await call(self._ctx, **kwargs)
+            else:
+                result = await guard.call(name, call, self._ctx, kwargs)
             self._results.append(result)
             return result
 
@@ -251,9 +273,14 @@ class SchedulerDef:
     (a schema registry's framing; the worker then needs a registry, see
     :mod:`streamsched.wire.registry`). Internal topics always use our envelope."""
     extra: dict[str, Any] = field(default_factory=dict)
+    breaker: BreakerPolicy | None = None
+    """Opens when the handler's attempts fail transiently, whichever command failed (see
+    :mod:`streamsched.model.breaker`; a command can have its own, ``external_command(breaker=)``)."""
 
     def __post_init__(self) -> None:
         check_format(self.wire_format, f"scheduler {self.name}")
+        if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
+            raise ConfigError("breaker must be a streamsched BreakerPolicy")
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError("retry must be a streamsched RetryPolicy")
         legacy = self.extra.get("retry")

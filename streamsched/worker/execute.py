@@ -32,6 +32,7 @@ from typing import Any
 
 from streamsched.errors import DecodeError
 from streamsched.metrics import Metrics
+from streamsched.model.breaker import BreakerOpen
 from streamsched.model.claims import ClaimState, Outcome, OutcomeKind
 from streamsched.model.event import TransitionEvent
 from streamsched.model.fastinit import fast_init
@@ -39,6 +40,7 @@ from streamsched.model.jsonval import json_dumps
 from streamsched.model.retry import RetryPolicy, compute_backoff, normalize_failure
 from streamsched.worker import failurelog
 from streamsched.worker.app import CommandContext, Emit, SchedulerDef, Turn
+from streamsched.worker.flow import FlowControl
 
 IN_PLACE_RETRY_LIMIT_S = 0.25
 """The longest backoff a delivery waits in place (once); longer ones, and every second retry of
@@ -64,6 +66,9 @@ class Execution:
     OpenTelemetry SDK)."""
     attempt: int = 0
     """The last attempt that ran (0: none ran); the claim state records it with the release."""
+    deferred: bool = False
+    """Parked until ``park_until_ns`` without charging an attempt: a circuit breaker refused the
+    call, or the call failed transiently while a breaker is open (:mod:`streamsched.worker.flow`)."""
 
 
 class Bounded:
@@ -143,10 +148,12 @@ def first_attempt(st: ClaimState, ev: TransitionEvent) -> int:
 async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry: RetryPolicy,
                   clock: Callable[[], int], metrics: Metrics, rng: random.Random,
                   on_suspend: Callable[[], None] | None = None,
-                  sleep: Callable[[float], Awaitable[None]] | None = None) -> Execution | None:
+                  sleep: Callable[[float], Awaitable[None]] | None = None,
+                  flow: FlowControl | None = None) -> Execution | None:
     """Run the handler for ``ev`` under claim ``st``; None when an outcome is already stored.
     ``on_suspend``: see :class:`Bounded`. ``sleep``: the wait of an in-place retry (default
-    ``asyncio.sleep``; the test kit's virtual clock passes one that takes no real time)."""
+    ``asyncio.sleep``; the test kit's virtual clock passes one that takes no real time).
+    ``flow``: the scheduler's circuit breakers (None or inactive: none)."""
     if st.outcome is not None:
         metrics.inc("skipped_outcome")
         return None
@@ -154,17 +161,37 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
     attempt = first_attempt(st, ev)
     waited_in_place = False
     bounded = Bounded(on_suspend)
+    guarded = flow is not None and flow.active
     while True:
         ctx = CommandContext(idempotency_key=st.identity, fence=st.fence, attempt=attempt,
                              ordinal=st.ordinal, scheduled_ns=ev.due_ns, scheduler=s.name,
                              schedule=ev.origin)
-        commands = s.commands_type(s.name, s.commands, ctx)
+        commands = s.commands_type(s.name, s.commands, ctx, flow if guarded else None)
         try:
             seen = ev if ev.attempt == attempt else dataclasses.replace(ev, attempt=attempt)
-            await bounded.run(s.handler(Turn(seen, ctx, commands)), deadline, clock)
+            if not guarded:
+                await bounded.run(s.handler(Turn(seen, ctx, commands)), deadline, clock)
+            else:
+                assert flow is not None
+                with flow.handler():
+                    await bounded.run(s.handler(Turn(seen, ctx, commands)), deadline, clock)
+        except BreakerOpen as exc:
+            assert flow is not None
+            metrics.inc("breaker_deferred")
+            return _deferred(st, flow, exc.retry_at_ns, clock)
         except Exception as exc:  # noqa: BLE001 - handlers may raise anything; it is normalized
             failure = normalize_failure(exc, attempt=attempt, policy=retry, now_ns=clock())
             metrics.error(exc)
+            if guarded and failure.category == "transient":
+                assert flow is not None
+                until = flow.blocked_until_ns()
+                if until is not None:
+                    # It failed as a breaker says the system it calls is down: the outage's
+                    # failure, not the item's, so no attempt is charged for it.
+                    metrics.inc("breaker_deferred")
+                    failurelog.attempt_failed(s.name, st.identity, failure,
+                                              "deferred while the circuit breaker is open", exc)
+                    return _deferred(st, flow, until, clock)
             delay = compute_backoff(retry, attempt, rand=rng.random())
             fits = clock() + int(delay * 1e9) < deadline
             if failure.retryable and not waited_in_place and delay <= IN_PLACE_RETRY_LIMIT_S and fits:
@@ -199,6 +226,13 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
         return Execution(outcome=Outcome(OutcomeKind.SUCCEEDED, st.fence, clock(), events=len(emits),
                                          digest=_digest(commands.results, emits)), emits=emits,
                          attempt=attempt)
+
+
+def _deferred(st: ClaimState, flow: FlowControl, until_monotonic_ns: int,
+              clock: Callable[[], int]) -> Execution:
+    """Parked until the breaker probes, the attempt count unchanged."""
+    wait_ns = max(1_000_000, until_monotonic_ns - flow.monotonic())
+    return Execution(park_until_ns=clock() + wait_ns, attempt_next=st.attempt + 1, deferred=True)
 
 
 def _digest(results: tuple[object, ...], emits: tuple[Emit, ...]) -> bytes:

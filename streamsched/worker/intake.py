@@ -47,6 +47,7 @@ from streamsched.wire.delay import due_ns
 from streamsched.worker.app import SchedulerDef
 from streamsched.worker.duework import DueIndex, DueItem
 from streamsched.worker.fetchguard import FetchGuard
+from streamsched.worker.flow import FlowControl
 from streamsched.worker.partition import PartitionRunner
 from streamsched.worker.sharedtxn import shared_stream
 from streamsched.worker.statebase import HORIZON_DEFAULT_S, StateBase, check_horizon
@@ -128,6 +129,8 @@ class Worker:
         self.config = config
         self.metrics = metrics or Metrics(scheduler.name)
         self.due = DueIndex(max_items=config.due_index_items)
+        self.flow = FlowControl(scheduler, self.metrics)
+        """The scheduler's circuit breakers, one set for every partition this worker owns."""
         check_horizon(config.outcome_horizon_s)
         self.stores: Any = None
         self._restoring: asyncio.Semaphore | None = None
@@ -278,7 +281,8 @@ class Worker:
                            owner=self.config.owner, metrics=self.metrics,
                            commit_interval_s=self.config.commit_interval_s,
                            bootstrap=self.config.bootstrap,
-                           txn_deadline_s=self.config.transaction_deadline_s, schemas=self.schemas)
+                           txn_deadline_s=self.config.transaction_deadline_s, schemas=self.schemas,
+                           flow=self.flow)
         # Resume from the committed offsets, read after our fence: no earlier owner can move
         # them any more, and a failed batch of a previous owner of ours comes back.
         if resume is None:

@@ -80,8 +80,14 @@ class PartitionRunner:
     async def _turns(self) -> None:
         s, turns = self.scheduler, self.turns
         held_since = time.monotonic()
+        flow = turns.flow
         while not self.owner.stopping and turns.state.broken is None:
             room = turns.room()
+            gated = False
+            if flow.active and self.queue and room > 0:
+                # A circuit breaker open: no new claim (the queue fills, intake pauses fetching).
+                room = flow.room(room)
+                gated = room == 0
             if self.queue and room > 0:
                 n = min(len(self.queue), room)
                 records = [self.queue.popleft() for _ in range(n)]
@@ -99,11 +105,15 @@ class PartitionRunner:
             # Nothing to take in: the queue is empty, or every claim of the window is running.
             # A horizon scan step when idle too, so quiet partitions also tombstone (store.py).
             # Offsets alone that are not due yet wait for new records or their interval.
-            flush = not turns.idle or (not self.queue and turns.state.scan(turns.clock()))
-            wait = turns.flush_wait_s(in_hand=bool(self.queue)) if flush else s.selection_wait_s
+            # A gated queue is not "in hand": what is claimed resolves and commits meanwhile.
+            waiting = bool(self.queue) and not gated
+            flush = not turns.idle or (not waiting and turns.state.scan(turns.clock()))
+            wait = turns.flush_wait_s(in_hand=waiting) if flush else s.selection_wait_s
             if flush and wait <= 0:
-                await turns.step(None, flush_offsets=not self.queue)
+                await turns.step(None, flush_offsets=not waiting)
                 continue
+            if gated:
+                wait = min(wait, flow.wait_s())
             self.wake.clear()
             await self.pause(self.wake, wait)
 

@@ -34,6 +34,7 @@ from streamsched.worker.app import SchedulerDef
 from streamsched.worker.checkpoint import Checkpoint, Marks
 from streamsched.worker.execute import Execution, execute
 from streamsched.worker.feedback import FeedbackTopics, feedback_record, occurrence_of
+from streamsched.worker.flow import FlowControl
 from streamsched.worker.records import Records
 from streamsched.worker.selection import Batch, Item
 
@@ -79,8 +80,12 @@ class PartitionSteps:
     def __init__(self, scheduler: SchedulerDef, partition: int, *, owner: str, metrics: Metrics,
                  clock: Callable[[], int], retry: RetryPolicy, feedback: FeedbackTopics,
                  rng: random.Random | None = None,
-                 sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
+                 sleep: Callable[[float], Awaitable[None]] | None = None,
+                 flow: FlowControl | None = None,
+                 clock_monotonic: Callable[[], int] = time.monotonic_ns) -> None:
         self.scheduler = scheduler
+        self.flow = flow if flow is not None else FlowControl(scheduler, metrics, clock_monotonic)
+        """The scheduler's circuit breakers (the worker's, shared by its partitions)."""
         self.sleep = sleep
         """The wait of an in-place retry (see :func:`~streamsched.worker.execute.execute`)."""
         self.partition = partition
@@ -140,7 +145,7 @@ class PartitionSteps:
             with log_context(identity=st.identity, offset=rec.offset, fence=st.fence):
                 result = await execute(self.scheduler, ev, st, retry=self.retry, clock=self.clock,
                                        metrics=self.metrics, rng=self.rng, on_suspend=on_suspend,
-                                       sleep=self.sleep)
+                                       sleep=self.sleep, flow=self.flow)
         failpoints.hit("after_effect")
         return Resolved(claim, result if result is not None else _RELEASE_ONLY)
 
@@ -159,7 +164,7 @@ class PartitionSteps:
                              trace_id=tracing.current_trace_id()):
                 result = await execute(self.scheduler, ev, st, retry=self.retry, clock=self.clock,
                                        metrics=self.metrics, rng=self.rng, on_suspend=on_suspend,
-                                       sleep=self.sleep)
+                                       sleep=self.sleep, flow=self.flow)
             outcome = result.outcome if result is not None else None
             current.set_attribute("streamsched.outcome", outcome.kind.value if outcome is not None
                                   else "released" if result is None else "parked")
@@ -237,7 +242,9 @@ class PartitionSteps:
                 ev = dataclasses.replace(ev, attempt=ex.attempt)
             if ex.outcome is not None and ev is not None and ev.origin:
                 self._schedule_feedback(ev, ex, cp)
-            if ex.park_until_ns is not None:
+            if ex.deferred and ex.park_until_ns is not None:
+                cp.put(st.defer(fence=fence, expected_revision=expected, due_ns=ex.park_until_ns))
+            elif ex.park_until_ns is not None:
                 # Parked in the claim state too: a record of the identity read before the retry
                 # is due joins it (selection), and the retry runs attempt ex.attempt + 1.
                 cp.put(st.park(fence=fence, expected_revision=expected, attempt=ex.attempt,

@@ -68,6 +68,7 @@ from streamsched.model.retry import RetryPolicy
 from streamsched.worker.app import ExternalCommand, SchedulerDef
 from streamsched.worker.checkpoint import TxnSettings
 from streamsched.worker.feedback import FeedbackTopics, Lookup, admin_lookup
+from streamsched.worker.flow import FlowControl
 from streamsched.worker.native import TXN_MAX_BYTES, TXN_MAX_RECORDS, KafkaNative
 from streamsched.worker.offsets import Offsets
 from streamsched.worker.selection import Batch, Selector, registry_ids
@@ -90,7 +91,8 @@ class TurnRunner:
                  txn_deadline_s: float = TXN_DEADLINE_S, rng: random.Random | None = None,
                  schemas: SchemaCache | None = None,
                  monotonic: Callable[[], int] = time.monotonic_ns,
-                 sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
+                 sleep: Callable[[float], Awaitable[None]] | None = None,
+                 flow: FlowControl | None = None) -> None:
         """``partitions``: the transition topic's partition count (asked of the producer's
         metadata before the first batch when not given). ``feedback_lookup``: how a schedule
         feedback topic's partition count is found (default: an admin request via ``bootstrap``).
@@ -101,7 +103,8 @@ class TurnRunner:
         ``schemas``: the worker's writer schemas of a registry-format topic. ``monotonic``:
         how long another owner's claim was watched is timed on it (virtual time in tests).
         ``sleep``: the wait of an in-place retry (None: ``asyncio.sleep``; the test kit's takes no
-        real time).
+        real time). ``flow``: the scheduler's circuit breakers, shared by the worker's partitions
+        (None: this partition's own).
         """
         self.scheduler = scheduler
         self.partition = partition
@@ -114,7 +117,8 @@ class TurnRunner:
         self.claim_first = claim_first if claim_first is not None else any(
             isinstance(c, ExternalCommand) for c in scheduler.commands.values())
         steps = PartitionSteps(scheduler, partition, owner=owner, metrics=metrics, clock=clock,
-                               retry=retry or scheduler.retry, rng=rng, sleep=sleep,
+                               retry=retry or scheduler.retry, rng=rng, sleep=sleep, flow=flow,
+                               clock_monotonic=monotonic,
                                feedback=FeedbackTopics(feedback_lookup or admin_lookup(bootstrap), metrics))
         self._txn = txn = TxnSettings(producer, state, scheduler.state_topic, partition, metrics,
                                       txn_deadline_s,
@@ -145,6 +149,10 @@ class TurnRunner:
     def notify(self, callback: Callable[[], None]) -> None:
         """Called whenever a running claim's execution ends (wakes the partition loop)."""
         self.window.notify = callback
+
+    @property
+    def flow(self) -> FlowControl:
+        return self.window.steps.flow
 
     @property
     def retry(self) -> RetryPolicy:

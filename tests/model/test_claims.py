@@ -533,3 +533,19 @@ ClaimMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestClaimMachine = ClaimMachine.TestCase
+
+
+def test_defer_releases_without_charging_an_attempt_and_refuses_a_stale_fence() -> None:
+    st = claimed()
+    parked = st.park(fence=st.fence, expected_revision=st.revision, attempt=2, due_ns=50)
+    again = parked.acquire(owner="A", now_ns=60, duration_ns=LEASE, expected_revision=parked.revision)
+    deferred = again.defer(fence=again.fence, expected_revision=again.revision, due_ns=90)
+    assert deferred.status is ClaimStatus.RELEASED and deferred.parked
+    assert deferred.attempt == 2 and deferred.retry_due_ns == 90  # still attempt 3 next
+    assert deferred.ordinal == again.ordinal and deferred.fence == again.fence
+    with pytest.raises(StaleFence):
+        again.defer(fence=again.fence - 1, expected_revision=again.revision, due_ns=90)
+    with pytest.raises(IllegalTransition):
+        deferred.defer(fence=deferred.fence, expected_revision=deferred.revision, due_ns=90)
+    with pytest.raises(IllegalTransition):
+        again.defer(fence=again.fence, expected_revision=again.revision, due_ns=0)

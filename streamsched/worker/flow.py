@@ -1,0 +1,153 @@
+"""Flow control of one scheduler in one worker: its circuit breakers.
+
+One :class:`FlowControl` per worker and scheduler, shared by every partition it owns: an outage
+seen on one partition stops the others taking work too. It does two things:
+
+* **the gate** (asked by the partition loop before it takes records in): while a breaker is open
+  no new claims are taken. Records stay in the partition's queue; once the queue is full intake
+  pauses fetching that partition, while the consumer keeps polling and heartbeating, so nothing
+  rebalances. Items already claimed finish.
+* **the call guard** (:class:`~streamsched.worker.app.CallGuard`, around each external command
+  call, and around the whole handler for a scheduler-wide breaker): a call is refused with
+  :class:`~streamsched.model.breaker.BreakerOpen` while its breaker is open, and each result is
+  counted. The execution turns a refusal, or a transient failure while a breaker is open, into a
+  *deferral*: the claim is released without charging an attempt and the item is parked until the
+  breaker probes (:meth:`streamsched.model.claims.ClaimState.defer`).
+
+State per breaker is the process's own (no coordination between owners): each owner judges the
+downstream by its own calls, and is shown per owner in status, the ``breaker_state`` gauge and the
+console.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from streamsched.metrics import LABELS, Metrics
+from streamsched.model.breaker import Breaker, BreakerOpen, BreakerState
+from streamsched.model.retry import is_transient
+from streamsched.worker.app import CommandContext, ExternalCommand, ExternalFn, SchedulerDef
+
+__all__ = ["SCHEDULER_SCOPE", "FlowControl"]
+
+SCHEDULER_SCOPE = "scheduler"
+"""The scope (``kind`` label) of a scheduler-wide breaker; a command's breaker is named by it."""
+
+
+def _label(scope: str) -> str:
+    # The metric label grammar is narrower than a command name's.
+    return scope if LABELS["kind"].fullmatch(scope) else "command"
+
+
+class FlowControl:
+    """The breakers of one scheduler in one worker (none: every method is a cheap no-op)."""
+
+    def __init__(self, scheduler: SchedulerDef, metrics: Metrics,
+                 monotonic: Callable[[], int] = time.monotonic_ns) -> None:
+        self.metrics = metrics
+        self.monotonic = monotonic
+        self.scheduler: Breaker | None = (
+            Breaker(scheduler.breaker, SCHEDULER_SCOPE) if scheduler.breaker is not None else None)
+        self.commands: dict[str, Breaker] = {
+            c.name: Breaker(c.breaker, c.name) for c in scheduler.commands.values()
+            if isinstance(c, ExternalCommand) and c.breaker is not None}
+        self.breakers: tuple[Breaker, ...] = (
+            *((self.scheduler,) if self.scheduler is not None else ()), *self.commands.values())
+        self._shown: dict[str, BreakerState] = {}
+        self._opened: dict[str, int] = {}
+        self._export()
+
+    @property
+    def active(self) -> bool:
+        """Any breaker declared (otherwise the turn skips every check)."""
+        return bool(self.breakers)
+
+    # --- the gate ---------------------------------------------------------------------------------
+
+    def room(self, wanted: int) -> int:
+        """How many of ``wanted`` records the partition may take in now: all while every breaker
+        is closed, none while one is open, as many as free probe slots while half-open."""
+        if not self.breakers:
+            return wanted
+        now = self.monotonic()
+        room = wanted
+        for b in self.breakers:
+            if not b.admits(now):
+                room = 0
+            elif b.state is BreakerState.HALF_OPEN:
+                room = min(room, b.policy.half_open_calls)
+        self._export()
+        return room
+
+    def wait_s(self) -> float:
+        """Seconds until a closed gate should be asked again."""
+        now = self.monotonic()
+        due = [b.reopens_at(now) for b in self.breakers if not b.admits(now)]
+        return max(0.001, (min(due) - now) / 1e9) if due else 0.0
+
+    def blocked_until_ns(self) -> int | None:
+        """When (monotonic) the earliest refusing breaker probes, None if none refuses."""
+        now = self.monotonic()
+        due = [b.reopens_at(now) for b in self.breakers if not b.admits(now)]
+        return min(due) if due else None
+
+    # --- the call guard ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _counted(self, breaker: Breaker) -> Iterator[None]:
+        probe = breaker.begin(self.monotonic())  # BreakerOpen: refused
+        failed = False
+        try:
+            yield
+        except BreakerOpen:
+            breaker.end(self.monotonic(), failed=False, probe=probe, counted=False)
+            raise
+        except asyncio.CancelledError:
+            # A stop, not an answer of the downstream: the probe slot is freed, nothing counted.
+            breaker.end(self.monotonic(), failed=False, probe=probe, counted=False)
+            raise
+        except BaseException as exc:
+            failed = is_transient(exc)
+            breaker.end(self.monotonic(), failed=failed, probe=probe)
+            raise
+        else:
+            breaker.end(self.monotonic(), failed=False, probe=probe)
+        finally:
+            self._export()
+
+    async def call(self, command: str, fn: ExternalFn, ctx: CommandContext, kwargs: dict[str, Any]) -> Any:
+        breaker = self.commands.get(command)
+        if breaker is None:
+            return await fn(ctx, **kwargs)
+        with self._counted(breaker):
+            return await fn(ctx, **kwargs)
+
+    @contextmanager
+    def handler(self) -> Iterator[None]:
+        """Around one handler attempt: the scheduler-wide breaker's guard (nothing without one)."""
+        if self.scheduler is None:
+            yield
+            return
+        with self._counted(self.scheduler):
+            yield
+
+    # --- what status and metrics show ---------------------------------------------------------------
+
+    def _export(self) -> None:
+        for b in self.breakers:
+            if self._shown.get(b.scope) is not b.state:
+                self._shown[b.scope] = b.state
+                self.metrics.set_gauge("breaker_state", int(b.state), kind=_label(b.scope))
+            seen = self._opened.get(b.scope, 0)
+            if b.opened != seen:
+                self.metrics.inc("breaker_opened", b.opened - seen, kind=_label(b.scope))
+                self._opened[b.scope] = b.opened
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        """Each breaker's state by scope (``scheduler`` or the command's name)."""
+        now = self.monotonic()
+        return {b.scope: b.snapshot(now) for b in self.breakers}
