@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from streamsched.errors import StreamschedError
     from streamsched.kafka.producer import Producer, RecordMetadata
+    from streamsched.model.breaker import BreakerOpen, BreakerPolicy
     from streamsched.model.event import TransitionEvent
     from streamsched.model.retry import Retryable, RetryPolicy, Terminal
     from streamsched.worker.app import (
@@ -36,12 +37,15 @@ _EXPORTS = {
     "Turn": "worker.app", "external_command": "worker.app", "kafka_command": "worker.app",
     "TransitionEvent": "model.event", "StreamschedError": "errors",
     "RetryPolicy": "model.retry", "Retryable": "model.retry", "Terminal": "model.retry",
+    "BreakerPolicy": "model.breaker", "BreakerOpen": "model.breaker",
     "Worker": "worker.intake", "WorkerConfig": "worker.intake",
     "Producer": "kafka.producer", "RecordMetadata": "kafka.producer",
 }
 
 __all__ = [
     "App",
+    "BreakerOpen",
+    "BreakerPolicy",
     "CommandContext",
     "Emit",
     "ExternalCommand",

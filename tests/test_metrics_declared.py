@@ -1,4 +1,5 @@
-"""The metric declaration (streamsched.metric_table.METRICS, re-exported by streamsched.metrics) against the code and docs/metrics.md:
+"""The metric declaration (streamsched.metric_table.METRICS, re-exported by streamsched.metrics)
+against the code and docs/metrics.md:
 every name the package updates is declared with the type and labels it is updated with, every
 declared name is updated somewhere, and the reference page is the one the declaration generates
 (no broker)."""

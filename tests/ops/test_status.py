@@ -430,3 +430,12 @@ async def test_secret_never_served(server: StatusServer, caplog: pytest.LogCaptu
     table = outputs[-1]
     assert "DecodeError (decode)" in table and "ValueError (internal)" in table
     assert table.index("claims") < table.index("effects")  # counters sorted
+
+
+def test_the_table_names_each_circuit_breaker_and_its_state() -> None:
+    m = Metrics("charge_due")
+    m.set_gauge("breaker_state", 2, kind="charge")
+    m.set_gauge("breaker_state", 0, kind="scheduler")
+    table = format_status({"schedulers": [m.snapshot()], "pid": 1, "uptime_s": 1.0, "ready": True})
+    assert "  circuit breakers: charge OPEN, scheduler closed\n" in table
+    assert "circuit breakers" not in format_status({"schedulers": [Metrics("x").snapshot()]})

@@ -61,8 +61,8 @@ async def test_an_outage_opens_the_breaker_and_costs_no_dead_letter(on: str) -> 
     async with TestApp(down.app(on=on), partitions=2) as t:
         events = [t.event(type="due", tenant="acme", target=[f"inv-{i}"]) for i in range(200)]
         await t.emit(*events)
-        m = t.metrics()
-        assert m.gauges[f"breaker_state{{kind={'charge' if on == 'command' else 'scheduler'}}}"] == 2
+        gauge = f"breaker_state{{kind={'charge' if on == 'command' else 'scheduler'}}}"
+        assert t.metrics().gauges[gauge] == 2
         await t.advance(minutes=5)  # the outage lasts five minutes
         assert down.calls_while_down <= 60, down.calls_while_down  # 200 items, ~15 probe rounds
         assert t.dead_letters() == []
@@ -76,7 +76,7 @@ async def test_an_outage_opens_the_breaker_and_costs_no_dead_letter(on: str) -> 
         assert t.dead_letters() == []
         counters = t.metrics().counters
         assert counters["breaker_deferred"] >= 1 and counters.get("attempts_exhausted", 0) == 0
-        assert t.metrics().gauges[f"breaker_state{{kind={'charge' if on == 'command' else 'scheduler'}}}"] == 0
+        assert t.metrics().gauges[gauge] == 0
 
 
 async def test_without_a_breaker_the_same_outage_dead_letters_everything() -> None:

@@ -12,6 +12,9 @@ from streamsched.ops.status.redact import redact_status
 
 __all__ = ["format_status"]
 
+_BREAKER = {0: "closed", 1: "half-open", 2: "OPEN"}
+"""The ``breaker_state`` gauge's values."""
+
 
 def _format_ns(ns: int) -> str:
     try:
@@ -51,6 +54,10 @@ def format_status(doc: object) -> str:
                 continue
             out.append(f"  {title}:")
             out += [f"    {n:<{width}}  {_format_number(v):>14}" for n, v in sorted(values.items())]
+        breakers = [f"{key[len('breaker_state{kind='):-1]} {_BREAKER.get(v, '?')}"
+                    for key, v in sorted(snap["gauges"].items()) if key.startswith("breaker_state{kind=")]
+        if breakers:
+            out.append(f"  circuit breakers: {', '.join(breakers)}")
         latencies = sorted({*snap["histograms"], *snap["quantiles"]})
         for name in latencies:
             parts = []

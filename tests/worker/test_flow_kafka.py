@@ -1,0 +1,83 @@
+"""Circuit breakers on a real broker: calls counted at the downstream.
+
+A downstream that is down opens the command's breaker: the worker stops taking claims (its
+partitions stay assigned, nothing restarts), calls during the outage stay within the breaker's
+budget (the calls that tripped it, then a few probes per open period), and once the downstream is
+back every item succeeds exactly once with nothing dead-lettered. The in-memory counterpart is
+tests/worker/test_flow.py; the five-minute version with 10,000 items is bench/breaker.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from streamsched import App, BreakerPolicy, CommandContext, Retryable, Selection, Turn, external_command
+from streamsched.kafka.reads import read_topic
+from streamsched.model.retry import RetryPolicy
+from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
+from tests.conftest import TopicFactory
+from tests.worker.test_flow import Downstream
+
+pytestmark = [pytest.mark.kafka]
+
+BREAKER = BreakerPolicy(failure_ratio=0.5, window_s=10, minimum_calls=5, open_s=3.0, half_open_calls=2)
+RETRY = RetryPolicy(initial_interval_s=1.0, backoff_coefficient=2.0, maximum_interval_s=5.0,
+                    maximum_attempts=3, jitter=0.0)
+ITEMS = 60
+
+
+def build(down: Downstream, name: str, topic: str) -> App:
+    app = App("flowk")
+
+    @external_command(breaker=BREAKER)
+    async def charge(ctx: CommandContext) -> None:
+        down.calls[ctx.idempotency_key] += 1
+        if not down.up:
+            down.calls_while_down += 1
+            raise Retryable("the payment service is down")
+        down.done[ctx.idempotency_key] += 1
+
+    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[charge],
+                   retry=RETRY, max_in_flight=4, claim_duration_s=10)
+    async def handle(turn: Turn) -> None:
+        await turn.commands.charge()
+
+    return app
+
+
+async def test_an_outage_opens_the_breaker_and_every_item_runs_once_afterwards(
+        bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str]) -> None:
+    topic = await make_topic("flow", partitions=2)
+    name = unique("flow").replace("-", "_")
+    down = Downstream()
+    sched = build(down, name, topic).schedulers[name]
+    async with running_worker(sched, bootstrap) as worker:
+        events = [make_event("due", "acme", [f"inv-{i}"]) for i in range(ITEMS)]
+        await produce_events(bootstrap, topic, events)
+
+        async def opened_twice() -> bool:
+            # Opened, probed after 3 s, and opened again by the failed probe.
+            return worker.metrics.counters.get("breaker_opened{kind=charge}", 0) >= 2
+
+        await wait_for(opened_twice, timeout=60, what="the breaker to open, probe and open again")
+        opened = worker.metrics.counters["breaker_opened{kind=charge}"]
+        # The calls that tripped it (at most the window's minimum plus what was in flight: 2
+        # partitions x 4), then at most 2 probes per open period.
+        assert down.calls_while_down <= BREAKER.minimum_calls + 2 * 4 + 2 * opened, down.calls_while_down
+        assert len(down.calls) < ITEMS  # most items were never called while it was down
+        assert worker.metrics.gauges["partitions"] == 2  # still assigned: heartbeats went on
+        assert worker.metrics.counters.get("partition_restarts", 0) == 0
+
+        down.up = True
+        await wait_drained(bootstrap, sched.group, topic, timeout=120)
+
+        async def all_done() -> bool:
+            return len(down.done) == ITEMS
+
+        await wait_for(all_done, timeout=60, what="every item to succeed")
+        assert max(down.done.values()) == 1
+        assert worker.metrics.gauges["breaker_state{kind=charge}"] == 0
+        assert worker.metrics.counters.get("dead_lettered", 0) == 0
+    assert await read_topic(bootstrap, sched.dead_letter_topic, timeout_s=30) == []
