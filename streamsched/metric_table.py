@@ -82,6 +82,8 @@ _TABLE: Final[tuple[tuple[str, MetricType, tuple[str, ...], str], ...]] = (
      "circuit breaker state by scope (scheduler or the command): 0 closed, 1 half-open, 2 open"),
     ("breaker_opened", "counter", _K, "times a circuit breaker opened, by scope"),
     ("breaker_deferred", "counter", (), "items deferred without charging an attempt (a breaker was open)"),
+    ("paused", "gauge", (),
+     "1 while an operator has paused the scheduler (or its pause state is still being read); else 0"),
     # Partition owners, transactions and restores (worker and ticker)
     ("errors", "counter", _K, "errors by kind (the latest one is in /status as type and kind)"),
     ("fenced", "counter", (), "times a producer was fenced by a newer owner"),

@@ -49,7 +49,7 @@ from streamsched.model.limits import MAX_PARK_S
 from streamsched.model.names import RESERVED_PREFIX, validate_name
 from streamsched.wire.registry import WireFormat, check_format
 
-TopicKind = Literal["transition", "state", "output", "dead_letter", "delay", "audit"]
+TopicKind = Literal["transition", "state", "output", "dead_letter", "delay", "audit", "control"]
 
 DELAY_OUTAGE_MARGIN_S = 7 * 86_400
 """How long a parked record survives past its due time while its partition has no live owner
@@ -66,7 +66,7 @@ DELAY_RETENTION_NOTE = (f"delay topics are created with retention.ms={DELAY_RETE
                         f"must keep at least {MIN_DELAY_RETENTION_MS} ms")
 VISIBLE_TIMEOUT_S = 30.0
 """How long apply waits for topics to be visible (partitions and configs) before verifying."""
-INTERNAL_KINDS: Final = frozenset({"state", "dead_letter", "delay", "audit"})
+INTERNAL_KINDS: Final = frozenset({"state", "dead_letter", "delay", "audit", "control"})
 """Kinds whose topics streamsched owns (with ``__streamsched.*`` names): durable by default."""
 MAX_DEFAULT_REPLICATION: Final = 3
 """Default replication factor: ``min(3, brokers)``."""
@@ -115,9 +115,10 @@ class TopicSpec:
             object.__setattr__(self, "config", {**self.config, "cleanup.policy": "compact"})
         if self.kind == "delay":
             object.__setattr__(self, "config", _delay_config(self.name, self.config))
-        if self.kind == "audit":
-            # Operators' re-drive audit trail: a few records per action, kept until an operator
-            # sets a retention (the cluster default, often 7 days, would lose the history).
+        if self.kind in ("audit", "control"):
+            # Operators' re-drive audit trail, and their pause/resume requests (the last is the
+            # scheduler's state): a few records per action, kept until an operator sets a
+            # retention (the cluster default, often 7 days, would lose the history).
             kept = {"cleanup.policy": "delete", "retention.ms": "-1", **self.config}
             object.__setattr__(self, "config", kept)
 

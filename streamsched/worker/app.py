@@ -319,12 +319,19 @@ class SchedulerDef:
         """What owners did with operators' re-drive requests (co-partitioned, keyed by identity)."""
         return internal_topic("audit", self.name)
 
+    @property
+    def control_topic(self) -> str:
+        """Operators' pause and resume requests (one partition; see :mod:`streamsched.wire.pause`)."""
+        return internal_topic("control", self.name)
+
     def internal_topics(self, partitions: int, replication: int | None) -> list[TopicSpec]:
-        """The topics the scheduler owns, co-partitioned with its transition topic."""
+        """The topics the scheduler owns, co-partitioned with its transition topic (but the
+        control topic: one partition that every worker reads whole)."""
         return [TopicSpec(self.state_topic, partitions, replication, kind="state"),
                 TopicSpec(self.dead_letter_topic, partitions, replication, kind="dead_letter"),
                 TopicSpec(self.delay_topic, partitions, replication, kind="delay"),
-                TopicSpec(self.audit_topic, partitions, replication, kind="audit")]
+                TopicSpec(self.audit_topic, partitions, replication, kind="audit"),
+                TopicSpec(self.control_topic, 1, replication, kind="control")]
 
     @property
     def outputs(self) -> frozenset[str]:

@@ -1,12 +1,15 @@
-"""Flow control of one scheduler in one worker: its circuit breakers.
+"""Flow control of one scheduler in one worker: its circuit breakers and its pause.
 
 One :class:`FlowControl` per worker and scheduler, shared by every partition it owns: an outage
-seen on one partition stops the others taking work too. It does two things:
+seen on one partition stops the others taking work too, and an operator's pause (read from the
+scheduler's control topic by :mod:`streamsched.worker.pausewatch`) stops them all. It does two
+things:
 
-* **the gate** (asked by the partition loop before it takes records in): while a breaker is open
-  no new claims are taken. Records stay in the partition's queue; once the queue is full intake
-  pauses fetching that partition, while the consumer keeps polling and heartbeating, so nothing
-  rebalances. Items already claimed finish.
+* **the gate** (asked by the partition loop before it takes records in): while a breaker is open,
+  or the scheduler is paused (or its pause state is not read yet), no new claims are taken.
+  Records stay in the partition's queue; once the queue is full intake pauses fetching that
+  partition, while the consumer keeps polling and heartbeating, so nothing rebalances. Items
+  already claimed finish.
 * **the call guard** (:class:`~streamsched.worker.app.CallGuard`, around each external command
   call, and around the whole handler for a scheduler-wide breaker): a call is refused with
   :class:`~streamsched.model.breaker.BreakerOpen` while its breaker is open, and each result is
@@ -22,6 +25,7 @@ console.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,9 +34,15 @@ from typing import Any
 from streamsched.metrics import LABELS, Metrics
 from streamsched.model.breaker import Breaker, BreakerOpen, BreakerState
 from streamsched.model.retry import is_transient
+from streamsched.wire.pause import PauseRecord
 from streamsched.worker.app import CommandContext, ExternalCommand, ExternalFn, SchedulerDef
 
-__all__ = ["SCHEDULER_SCOPE", "FlowControl"]
+__all__ = ["PAUSED_POLL_S", "SCHEDULER_SCOPE", "FlowControl"]
+
+log = logging.getLogger(__name__)
+
+PAUSED_POLL_S = 0.5
+"""How often a paused partition asks the gate again (a resume is taken within this)."""
 
 SCHEDULER_SCOPE = "scheduler"
 """The scope (``kind`` label) of a scheduler-wide breaker; a command's breaker is named by it."""
@@ -59,18 +69,46 @@ class FlowControl:
             *((self.scheduler,) if self.scheduler is not None else ()), *self.commands.values())
         self._shown: dict[str, BreakerState] = {}
         self._opened: dict[str, int] = {}
+        self.pause: PauseRecord | None = None
+        """The last pause or resume request read (None: none was ever made)."""
+        self.pause_known = True
+        self.watched = False
         self._export()
 
     @property
     def active(self) -> bool:
-        """Any breaker declared (otherwise the turn skips every check)."""
-        return bool(self.breakers)
+        """Any breaker declared or a pause watched (otherwise the turn skips every check)."""
+        return bool(self.breakers) or self.watched
+
+    # --- the pause ----------------------------------------------------------------------------------
+
+    def watch(self) -> None:
+        """A pause watcher feeds this: closed until it has read the control topic to its end."""
+        self.watched, self.pause_known = True, False
+        self.metrics.set_gauge("paused", 1)
+
+    @property
+    def paused(self) -> bool:
+        """Paused by an operator, or its pause state not read yet (a new owner starts paused)."""
+        return not self.pause_known or (self.pause is not None and self.pause.paused)
+
+    def set_pause(self, record: PauseRecord | None, *, known: bool = True) -> None:
+        """The control topic's last record (None: it holds none), read to ``known`` its end."""
+        was = self.paused
+        self.pause, self.pause_known = record, known or self.pause_known
+        now = self.paused
+        self.metrics.set_gauge("paused", int(now))
+        if now != was and self.pause_known and record is not None:
+            log.warning("scheduler %s by %s: %s", "paused" if now else "resumed", record.principal,
+                        record.reason or "no reason given")
 
     # --- the gate ---------------------------------------------------------------------------------
 
     def room(self, wanted: int) -> int:
         """How many of ``wanted`` records the partition may take in now: all while every breaker
         is closed, none while one is open, as many as free probe slots while half-open."""
+        if self.paused:
+            return 0
         if not self.breakers:
             return wanted
         now = self.monotonic()
@@ -85,6 +123,8 @@ class FlowControl:
 
     def wait_s(self) -> float:
         """Seconds until a closed gate should be asked again."""
+        if self.paused:
+            return PAUSED_POLL_S
         now = self.monotonic()
         due = [b.reopens_at(now) for b in self.breakers if not b.admits(now)]
         return max(0.001, (min(due) - now) / 1e9) if due else 0.0

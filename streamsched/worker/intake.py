@@ -49,6 +49,7 @@ from streamsched.worker.duework import DueIndex, DueItem
 from streamsched.worker.fetchguard import FetchGuard
 from streamsched.worker.flow import FlowControl
 from streamsched.worker.partition import PartitionRunner
+from streamsched.worker.pausewatch import watch_pauses
 from streamsched.worker.sharedtxn import shared_stream
 from streamsched.worker.statebase import HORIZON_DEFAULT_S, StateBase, check_horizon
 from streamsched.worker.store import open_state
@@ -208,9 +209,20 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.ensure_topics:
             await self.ensure_topics()
+        # The operator's pause: no claim is taken before the control topic is read to its end.
+        self.flow.watch()
+        watching = asyncio.Event()
+        watcher = asyncio.create_task(
+            watch_pauses(self.scheduler, self.config.bootstrap, self.flow, watching),
+            name=f"pausewatch-{self.scheduler.name}")
         try:
             await self.member.run(stop, lambda: self._poll(stop), self._tend)
         finally:
+            watching.set()
+            try:
+                await asyncio.wait_for(watcher, self.config.shutdown_deadline_s)
+            except (TimeoutError, Exception):  # noqa: BLE001 - a stop never fails on the watcher
+                watcher.cancel()
             try:
                 if self.stream is not None:
                     await self.stream.close()

@@ -305,6 +305,20 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- pause / resume -------------------------------------------------------------------------------
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """Pause or resume a scheduler (see :mod:`streamsched.ops.pause`)."""
+    from streamsched.ops.pause import request_pause
+
+    if args.app is not None:
+        load_app(args.app).one(args.scheduler)  # a name the app does not declare: ConfigError
+    bootstrap = connect(args)
+    record = asyncio.run(request_pause(bootstrap, args.scheduler, paused=args.paused, reason=args.reason))
+    show(args, {"scheduler": args.scheduler, **record.to_dict()})
+    return 0
+
+
 # --- acl ------------------------------------------------------------------------------------------
 
 def cmd_acl(args: argparse.Namespace) -> int:

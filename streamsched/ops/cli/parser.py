@@ -12,6 +12,7 @@ from streamsched.errors import ConfigError
 from streamsched.ops.cli.commands import (
     cmd_console,
     cmd_inspect,
+    cmd_pause,
     cmd_redrive,
     cmd_replay,
     cmd_run,
@@ -215,6 +216,17 @@ def build_parser() -> Parser:
                     help="progress on stderr (default: on large state partitions)")
     add_output(rd, default="json", json_alias=None)
     add_connection(rd)
+
+    for verb, doing in (("pause", "stop taking new work"), ("resume", "take new work again")):
+        pa = command(sub, verb, f"{doing}: a durable request every worker of the scheduler follows, "
+                     "now and after restarts (audited)", cmd_pause)
+        pa.add_argument("scheduler", metavar="SCHEDULER", help="the scheduler's name")
+        pa.add_argument("--reason", default="", required=verb == "pause",
+                        help="why (kept in the control topic's history, at most 200 characters)")
+        add_app(pa, required=False, help=f"{APP_HELP} declaring SCHEDULER (checked before anything is sent)")
+        add_output(pa, default="json", json_alias=None)
+        add_connection(pa)
+        pa.set_defaults(paused=verb == "pause")
 
     co = command(sub, "console", "a web console reading Kafka: schedulers, schedules, dead letters, "
                  "identities and charts (read-only unless --allow-actions)", cmd_console)
