@@ -14,10 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from streamsched.errors import BoundExceeded, ConfigError
+from streamsched.errors import BoundExceeded, ConfigError, DecodeError
 from streamsched.kafka import clients, compat
 from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.model.names import transactional_id
+from streamsched.wire.pause import PauseRecord
 
 log = logging.getLogger(__name__)
 
@@ -168,3 +169,16 @@ async def read_partition(bootstrap: clients.Conn, topic: str, partition: int, *,
         return out, end
     finally:
         await consumer.stop()
+
+
+async def read_pauses(bootstrap: clients.Conn, topic: str, *, timeout_s: float = 60.0) -> list[PauseRecord]:
+    """Every pause and resume request on a scheduler's control ``topic``, oldest first (records
+    that cannot be decoded are skipped: the workers skip them too)."""
+    records, _ = await read_partition(bootstrap, topic, 0, timeout_s=timeout_s)
+    out = []
+    for rec in records:
+        try:
+            out.append(PauseRecord.decode(rec.value))
+        except DecodeError:
+            continue
+    return out

@@ -8,6 +8,7 @@ A **scheduler**'s worker (:func:`plan_scheduler`, ``acl plan --app MOD:ATTR``)::
     TOPIC  __streamsched.delay.<s>     READ, WRITE, DESCRIBE  park retries, read them back
     TOPIC  __streamsched.state.<s>     READ, WRITE, DESCRIBE  claims/outcomes; restore reads it
     TOPIC  __streamsched.dlq.<s>       WRITE, DESCRIBE        dead letters
+    TOPIC  __streamsched.control.<s>   READ, DESCRIBE         operators' pause and resume
     TOPIC  <each declared output>      WRITE, DESCRIBE        what its Kafka-native commands emit
     GROUP  <its group>                 READ                   join, fetch and commit offsets
     TRANSACTIONAL_ID (prefixed)
@@ -37,13 +38,15 @@ DESCRIBE_CONFIGS (read-only) is there because the ticker verifies its catalog to
 at start (``Catalog.ensure_topics``); without CREATE it never creates them.
 
 An **operator** of a scheduler (:func:`plan_operator`, ``acl plan --role operator --app MOD:ATTR
---principal P``): what ``inspect`` and ``redrive`` need, nothing that changes claim state::
+--principal P``): what ``inspect``, ``redrive``, ``pause`` and ``resume`` need, nothing that
+changes claim state::
 
     TOPIC  <transition topic>          DESCRIBE               its partition count (home partitions)
     TOPIC  __streamsched.state.<s>     READ, DESCRIBE         the identities' snapshots
     TOPIC  __streamsched.audit.<s>     READ, DESCRIBE         the re-drive audit trail
     TOPIC  __streamsched.dlq.<s>       READ, DESCRIBE         redrive --from-dlq
     TOPIC  __streamsched.delay.<s>     WRITE, DESCRIBE        re-drive requests (applied by the owner)
+    TOPIC  __streamsched.control.<s>   READ, WRITE, DESCRIBE  pause and resume (and their history)
     GROUP  <its group>                 DESCRIBE               the group's committed offsets
 
 A re-drive request is only honoured from the delay topic, which services cannot write, and the
@@ -156,6 +159,7 @@ def plan_scheduler(s: SchedulerDef, principal: str, *, catalogs: Iterable[str] =
     add("TOPIC", s.state_topic, ("READ", "WRITE", "DESCRIBE"), "state topic: claims and outcomes; restore")
     add("TOPIC", s.dead_letter_topic, ("WRITE", "DESCRIBE"), "dead-letter topic")
     add("TOPIC", s.audit_topic, ("WRITE", "DESCRIBE"), "audit topic: what it did with operators' re-drives")
+    add("TOPIC", s.control_topic, ("READ", "DESCRIBE"), "control topic: operators' pause and resume")
     for topic in sorted(s.outputs):
         add("TOPIC", topic, ("WRITE", "DESCRIBE"), "declared output of a Kafka-native command")
     for catalog in sorted(set(catalogs)):
@@ -185,6 +189,7 @@ def plan_operator(s: SchedulerDef, principal: str) -> list[Acl]:
     add("TOPIC", s.audit_topic, ("READ", "DESCRIBE"), "audit topic: what owners did with re-drives")
     add("TOPIC", s.dead_letter_topic, ("READ", "DESCRIBE"), "dead-letter topic: redrive --from-dlq")
     add("TOPIC", s.delay_topic, ("WRITE", "DESCRIBE"), "delay topic: re-drive requests for the owners")
+    add("TOPIC", s.control_topic, ("READ", "WRITE", "DESCRIBE"), "control topic: pause and resume requests")
     add("GROUP", s.group, ("DESCRIBE",), "consumer group: committed offsets (inspect)")
     return plan.done()
 

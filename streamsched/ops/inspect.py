@@ -30,6 +30,7 @@ from streamsched.errors import ConfigError, DecodeError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_counts
 from streamsched.kafka.changelog import PartitionReader
+from streamsched.kafka.reads import read_pauses
 from streamsched.model.claims import ClaimState
 from streamsched.model.event import TransitionEvent
 from streamsched.model.identity import IDENTITY_PATTERN, route_key
@@ -37,6 +38,7 @@ from streamsched.ops.replay_verify import progress_bar
 from streamsched.wire.claim import CLAIM_PREFIX, decode_claim
 from streamsched.wire.control import AuditEntry
 from streamsched.wire.partitioner import partition_for_key
+from streamsched.wire.pause import PauseRecord
 from streamsched.worker.app import SchedulerDef
 
 __all__ = ["IdentityView", "check_identity", "format_view", "identity_of", "inspect_identity", "scan_states"]
@@ -86,6 +88,8 @@ class IdentityView:
     audit: tuple[AuditEntry, ...] = ()
     """What owners did with re-drive requests of the identity (oldest first; the latest
     :data:`AUDIT_SHOWN`)."""
+    paused: PauseRecord | None = None
+    """The operator's request that paused the scheduler (None: it runs, or was never paused)."""
 
     @property
     def resolved(self) -> bool:
@@ -96,6 +100,7 @@ class IdentityView:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["resolved"] = self.resolved
         out["audit"] = [e.to_dict() for e in self.audit]
+        out["paused"] = self.paused.to_dict() if self.paused is not None else None
         return out
 
 
@@ -183,7 +188,7 @@ async def inspect_identity(bootstrap: clients.Conn, scheduler: SchedulerDef, *,
         identity = check_identity(identity)  # before anything is asked of the cluster
     # One request for every topic it reads (the audit topic is missing where no worker of this
     # version ran yet: then there is no audit trail to show).
-    topics = [scheduler.topic, scheduler.state_topic, scheduler.audit_topic]
+    topics = [scheduler.topic, scheduler.state_topic, scheduler.audit_topic, scheduler.control_topic]
     counts = await partition_counts(bootstrap, topics, missing_ok=True, authorized=True)
     partitions = counts[scheduler.topic]
     if not partitions:
@@ -197,8 +202,10 @@ async def inspect_identity(bootstrap: clients.Conn, scheduler: SchedulerDef, *,
     else:
         assert identity is not None
         candidates = list(range(partitions))
+    pauses = await read_pauses(bootstrap, scheduler.control_topic) if counts[scheduler.control_topic] else []
+    paused = pauses[-1] if pauses and pauses[-1].paused else None
     base = IdentityView(scheduler=scheduler.name, identity=identity, transition_topic=scheduler.topic,
-                        state_topic=scheduler.state_topic, partition=None, found=False)
+                        state_topic=scheduler.state_topic, partition=None, found=False, paused=paused)
     now = now_ns if now_ns is not None else time.time_ns()
     read = 0
 
@@ -241,8 +248,12 @@ def _when(ns: int | None) -> str:
 
 def format_view(v: IdentityView) -> str:
     """The view as aligned ``name: value`` lines."""
+    scheduler = v.scheduler
+    if v.paused is not None:
+        scheduler += (f" (PAUSED since {_when(v.paused.at_ns)} by {v.paused.principal}: "
+                      f"{v.paused.reason or '-'}; nothing new is claimed)")
     rows: list[tuple[str, str]] = [
-        ("scheduler", v.scheduler), ("identity", v.identity),
+        ("scheduler", scheduler), ("identity", v.identity),
         ("home partition", f"{v.transition_topic}[{v.partition}] / {v.state_topic}[{v.partition}]"
          if v.partition is not None else "- (not found on any state partition)")]
     if not v.found:

@@ -20,10 +20,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from streamsched.errors import ConfigError, DecodeError
+from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import partition_counts
-from streamsched.kafka.reads import read_partition
+from streamsched.kafka.reads import read_pauses
 from streamsched.model.names import internal_topic, validate_name
 from streamsched.ops.redrive import principal_of
 from streamsched.wire.pause import PauseRecord
@@ -63,15 +63,7 @@ async def request_pause(bootstrap: clients.Conn, scheduler: str, *, paused: bool
 
 async def pause_history(bootstrap: clients.Conn, scheduler: str) -> list[PauseRecord]:
     """Every pause and resume request of ``scheduler``, oldest first (undecodable ones skipped)."""
-    topic = await _check_exists(bootstrap, scheduler)
-    records, _ = await read_partition(bootstrap, topic, 0, timeout_s=60)
-    out = []
-    for rec in records:
-        try:
-            out.append(PauseRecord.decode(rec.value))
-        except DecodeError:
-            continue
-    return out
+    return await read_pauses(bootstrap, await _check_exists(bootstrap, scheduler))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""What the console's pages show, read from Kafka: schedulers (group, members, lag), schedules
+"""What the console's pages show, read from Kafka: schedulers (group, members, lag, paused or
+not), schedules
 (a catalog's list and history), dead letters (counted by kind, newest first) and one identity.
 
 Every row type here holds safe fields only: names, offsets, counts, times, kinds and the
@@ -23,6 +24,7 @@ from streamsched.kafka.protocols import GroupConsumer
 from streamsched.kafka.reads import group_lag
 from streamsched.model.schedule import HistoryRow, ScheduleInfo
 from streamsched.ops.inspect import IdentityView, check_identity, identity_of, inspect_identity
+from streamsched.ops.pause import PauseState, pause_state
 from streamsched.ops.redrive import original_event
 from streamsched.ops.replay import group_state
 from streamsched.schedules.catalog import Catalog
@@ -79,6 +81,16 @@ async def scheduler_view(bootstrap: clients.Conn, sched: SchedulerDef, *,
     state, count = await group_state(bootstrap, sched.group) if members else ("-", 0)
     parts = tuple(PartitionLag(p, lag.committed.get(p, 0), end) for p, end in sorted(lag.end.items()))
     return SchedulerView(sched.name, sched.group, sched.topic, state, count, parts)
+
+
+async def pause_view(bootstrap: clients.Conn, sched: SchedulerDef) -> PauseState | None:
+    """Whether ``sched`` is paused, as its workers follow it; None when its control topic does
+    not exist (topics not applied since pauses were added): that is a state to show, not a
+    failure of the page, and nothing can be paused or resumed there."""
+    topic = sched.control_topic
+    if not (await partition_counts(bootstrap, [topic], missing_ok=True))[topic]:
+        return None
+    return await pause_state(bootstrap, sched.name)
 
 
 # --- schedules ------------------------------------------------------------------------------------
