@@ -1,7 +1,8 @@
 """``streamsched console``: routing, the CSRF and token guards and the one-line errors (aiohttp's
 test client, no broker); on a real broker after real traffic through a worker, the pages show
 the committed offsets, lag and dead-letter counts, actions are refused without a token and work
-with one, and no page ever holds an event's tenant, target or payload; the same through a real
+with one (a scheduler paused and resumed under the token's label), and no page ever holds an
+event's tenant, target or payload; the same through a real
 headless Chromium (selenium), which also takes the screenshot in docs/console.png."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from yarl import URL
 
 from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.errors import ConfigError
+from streamsched.kafka.admin import apply
 from streamsched.ops.cli import main
 from streamsched.ops.console import Console, ConsoleConfig, load_tokens
 from streamsched.ops.console.app import build_app
@@ -35,6 +37,7 @@ from streamsched.ops.console.sampler import Sample, Sampler
 from streamsched.ops.console.security import CSRF_COOKIE, principal
 from streamsched.ops.console.state import STATE
 from streamsched.ops.inspect import identity_of
+from streamsched.ops.pause import pause_history, pause_state
 from streamsched.schedules.catalog import Catalog
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
 from streamsched.worker.app import SchedulerDef
@@ -144,6 +147,29 @@ async def test_errors_are_one_safe_line(client_for: Callable[..., Any]) -> None:
     resp = await client.get("/identity", params={"scheduler": "other", "identity": "sched_" + "a" * 64})
     assert resp.status == 400 and "no scheduler other" in await resp.text()
     assert (await client.get("/schedules/unknown/x")).status == 404
+
+
+async def test_the_pause_action_refuses_bad_input_before_reading_kafka(
+        client_for: Callable[..., Any]) -> None:
+    # The bootstrap is unreachable: each answer below comes before any Kafka call (else 503).
+    sched = failing_scheduler("console-unused", "console_unused", error=HANDLER_ERROR)
+    off = await client_for(schedulers=[sched])
+    data = {"csrf": await csrf_of(off), "token": TOKEN, "scheduler": sched.name, "op": "pause",
+            "reason": "maintenance"}
+    resp = await off.post("/actions/pause", data=data, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert resp.status == 403 and "--allow-actions" in await resp.text()
+    client = await client_for(schedulers=[sched], allow_actions=True,
+                              tokens=load_tokens(None, {"STREAMSCHED_CONSOLE_TOKEN": TOKEN}))
+    form = {"csrf": await csrf_of(client), "token": TOKEN, "scheduler": sched.name, "op": "pause"}
+    for data, why in (({**form, "reason": "r", "scheduler": "nope"}, "no scheduler nope in the console"),
+                      ({**form, "reason": "  "}, "a pause needs a reason"),
+                      ({**form}, "a pause needs a reason"),
+                      ({**form, "reason": "r" * 201}, "form field reason is longer than 200 characters"),
+                      ({**form, "reason": "r", "op": "stop"}, "op must be pause or resume")):
+        resp = await client.post("/actions/pause", data=data)
+        text = await resp.text()
+        assert resp.status == 400 and why in text, data
+        assert "Traceback" not in text
 
 
 def test_tokens_and_config() -> None:
@@ -286,6 +312,89 @@ async def test_pages_show_real_counts_and_actions_need_a_token(
         assert_no_markers(pages | {"listing": listing})
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "name=nightly by console: disabled" in logged and TOKEN not in logged
+
+
+def _pause_of(html: str, scheduler: str) -> tuple[str, str]:
+    """The pause line of ``scheduler``'s section on the schedulers page: its data-paused value
+    and the whole section (its form included)."""
+    section = re.search(rf'<section class="scheduler" id="sched-{scheduler}">(.*?)</section>', html, re.S)
+    assert section, html[:500]
+    state = re.search(r'<p class="pause" data-paused="([a-z-]+)"', section.group(1))
+    assert state, section.group(1)
+    return state.group(1), section.group(1)
+
+
+@pytest.mark.kafka
+async def test_a_scheduler_is_paused_and_resumed_under_the_tokens_label(
+        bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    topic = await make_topic("console-pause", partitions=2)
+    sched = failing_scheduler(topic, unique("cpause").replace("-", "_"), error=HANDLER_ERROR)
+    await apply(bootstrap, sched.internal_topics(2, 1))
+    bare = failing_scheduler(topic, unique("cbare").replace("-", "_"), error=HANDLER_ERROR)  # no topics
+    token_file = tmp_path / "tokens"
+    token_file.write_text(f"alice {TOKEN}\n")
+    config = ConsoleConfig(bootstrap, [sched, bare], allow_actions=True,
+                           tokens=load_tokens(str(token_file), {}), port=0)
+    caplog.set_level(logging.INFO, "streamsched.console")
+    async with Console(config) as console, ClientSession(cookie_jar=CookieJar(unsafe=True)) as http:
+        async def page() -> str:
+            resp = await http.get(console.url + "/schedulers")
+            assert resp.status == 200
+            return await resp.text()
+
+        html = await page()
+        state, section = _pause_of(html, sched.name)
+        assert state == "no" and "<strong>running</strong>" in section
+        assert 'action="/actions/pause"' in section and 'name="op" value="pause"' in section
+        state, section = _pause_of(html, bare.name)
+        assert state == "no-control-topic" and "no control topic" in section
+        assert "/actions/pause" not in section and 'class="error"' not in section
+        csrf = http.cookie_jar.filter_cookies(URL(console.url))[CSRF_COOKIE].value
+        form = {"csrf": csrf, "scheduler": sched.name, "op": "pause", "reason": "maintenance window"}
+        # Refused, and nothing written: no token, a wrong one, a forged or missing CSRF token.
+        for data, headers in ((form, {}), ({**form, "token": "wrong-token-wrong-token"}, {}),
+                              ({**form, "token": TOKEN, "csrf": "forged"}, {}),
+                              ({k: v for k, v in form.items() if k != "csrf"},
+                               {"Authorization": f"Bearer {TOKEN}"})):
+            resp = await http.post(console.url + "/actions/pause", data=data, headers=headers)
+            assert resp.status == 403, data
+        assert await pause_history(bootstrap, sched.name) == []
+
+        done = await http.post(console.url + "/actions/pause", data={**form, "token": TOKEN})
+        text = await done.text()
+        assert done.status == 200 and "pause requested" in text
+        assert '<strong id="principal">alice</strong>' in text
+        paused = await pause_state(bootstrap, sched.name)
+        assert paused.paused and paused.last is not None
+        assert (paused.last.principal, paused.last.reason) == ("alice", "maintenance window")
+        state, section = _pause_of(await page(), sched.name)
+        assert state == "yes" and '<span class="principal">alice</span>' in section
+        assert "maintenance window" in section and 'name="op" value="resume"' in section
+
+        # Resume, this time with the bearer header; a reason is optional.
+        done = await http.post(console.url + "/actions/pause",
+                               data={"csrf": csrf, "scheduler": sched.name, "op": "resume"},
+                               headers={"Authorization": f"Bearer {TOKEN}"})
+        assert done.status == 200 and "resume requested" in await done.text()
+        resumed = await pause_state(bootstrap, sched.name)
+        assert not resumed.paused and resumed.last is not None and resumed.last.principal == "alice"
+        assert [r.paused for r in await pause_history(bootstrap, sched.name)] == [True, False]
+        state, section = _pause_of(await page(), sched.name)
+        assert state == "no" and "resumed by" in section and 'name="op" value="pause"' in section
+
+        # A scheduler without a control topic, or not the console's: one line, nothing written.
+        for name, why in ((bare.name, "control topic"), ("nope", "no scheduler nope in the console")):
+            resp = await http.post(console.url + "/actions/pause", data={**form, "token": TOKEN,
+                                                                           "scheduler": name})
+            assert resp.status == 400 and why in await resp.text(), name
+        assert len(await pause_history(bootstrap, sched.name)) == 2
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"console action pause scheduler={sched.name} request=" in logged
+    assert f"console action resume scheduler={sched.name} request=" in logged and "by alice" in logged
+    assert "action pause refused: no valid token" in logged
+    assert "action pause refused: no matching CSRF token" in logged
+    assert TOKEN not in logged
 
 
 @pytest.mark.kafka

@@ -1,11 +1,12 @@
 """``streamsched console``: a read-mostly web console that reads Kafka directly.
 
 Pages: the overview (lag and per-minute charts from a background sampler), schedulers (group,
-members, committed offsets and lag per partition), schedules (a catalog's list and a schedule's
-history), dead letters (counts by kind, newest first) and one identity (as ``inspect``). With
-``--allow-actions`` and a token: re-drive an identity, enable or disable a schedule, replay
-dead letters. Layout: :mod:`.app` (server, pages), :mod:`.actions`, :mod:`.security`,
-:mod:`.views` (what pages read), :mod:`.sampler`, :mod:`.charts` (inline SVG), ``templates/``.
+members, committed offsets and lag per partition, paused or not), schedules (a catalog's list
+and a schedule's history), dead letters (counts by kind, newest first) and one identity (as
+``inspect``). With ``--allow-actions`` and a token: re-drive an identity, enable or disable a
+schedule, replay dead letters, pause or resume a scheduler. Layout: :mod:`.app` (server,
+pages), :mod:`.actions`, :mod:`.security`, :mod:`.views` (what pages read), :mod:`.sampler`,
+:mod:`.charts` (inline SVG), ``templates/``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The console's three actions: re-drive an identity, enable or disable a schedule, replay a
-scheduler's dead letters. Each is a POST form that must carry the page's CSRF token and a
-bearer token (the form's token field or an ``Authorization: Bearer`` header); without
-``--allow-actions`` every one is refused (403) and the pages show no buttons.
+"""The console's actions: re-drive an identity, enable or disable a schedule, replay a
+scheduler's dead letters, pause or resume a scheduler. Each is a POST form that must carry the
+page's CSRF token and a bearer token (the form's token field or an ``Authorization: Bearer``
+header); without ``--allow-actions`` every one is refused (403) and the pages show no buttons.
 
 Each action is logged, refused or done, with its principal (the token's label) and never the
-token; a re-drive's audit entry names the same principal.
+token; a re-drive's audit entry and a pause record name the same principal.
 """
 
 from __future__ import annotations
@@ -119,6 +119,30 @@ def add_routes(app: web.Application, render: Render) -> None:
             lines.append("stopped at the limit: replay again to go on")
         return render(request, "result.html", title="Dead-letter replay", principal=who, lines=lines)
 
+    async def pause_action(request: web.Request) -> web.Response:
+        from streamsched.ops.pause import request_pause
+
+        state = request.app[STATE]
+        who, form = await authorize(request, state, "pause")
+        sched = views.pick(state.config.schedulers, _field(form, "scheduler"))
+        op = _field(form, "op")
+        if op not in ("pause", "resume"):
+            raise ConfigError("op must be pause or resume")
+        reason = _field(form, "reason", MAX_REASON)
+        if op == "pause" and not reason:  # as the CLI's --reason: the audit trail says why
+            raise ConfigError("a pause needs a reason")
+        record = await request_pause(state.config.bootstrap, sched.name, paused=op == "pause",
+                                     reason=reason, principal=who)
+        log.info("console action %s scheduler=%s request=%s by %s: requested", op, sched.name,
+                 record.request, who)
+        return render(request, "result.html", title=f"Scheduler {op}", principal=who,
+                      lines=[f"scheduler {sched.name}", f"{op} requested (request {record.request})",
+                             "every worker of the scheduler follows it once it reads it: "
+                             + ("no new claims; claimed items finish" if record.paused
+                                else "it takes new work again"),
+                             "the schedulers page shows the state"])
+
     app.router.add_post("/actions/redrive", redrive_action)
+    app.router.add_post("/actions/pause", pause_action)
     app.router.add_post("/actions/schedule", schedule_action)
     app.router.add_post("/actions/dlq-replay", replay_action)

@@ -1,5 +1,5 @@
 """The console's web server: aiohttp routes rendering Jinja2 templates, the guards around them
-(:mod:`.security`), the sampler task and the three actions.
+(:mod:`.security`), the sampler task and the actions (:mod:`.actions`).
 
 Pages read Kafka when asked (the overview reads the sampler's ring instead). Actions exist only
 with ``allow_actions``; each needs the page's CSRF token and a bearer token, and is logged with
@@ -103,14 +103,20 @@ async def overview(request: web.Request) -> web.Response:
 
 async def schedulers_page(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    rows: list[views.SchedulerView] = []
-    errors: list[str] = []
+    sections: list[views.SchedulerSection] = []
     for sched in state.config.schedulers:
+        view, pause, control, errors = None, None, True, []
         try:
-            rows.append(await views.scheduler_view(state.config.bootstrap, sched))
-        except Exception as exc:  # noqa: BLE001 - the other schedulers still show
-            errors.append(f"{sched.name}: {safe_error(exc)}")
-    return render(request, "schedulers.html", rows=rows, errors=errors)
+            view = await views.scheduler_view(state.config.bootstrap, sched)
+        except Exception as exc:  # noqa: BLE001 - its pause state and the other schedulers still show
+            errors.append(f"group: {safe_error(exc)}")
+        try:
+            pause = await views.pause_view(state.config.bootstrap, sched)
+            control = pause is not None
+        except Exception as exc:  # noqa: BLE001 - as above
+            errors.append(f"pause state: {safe_error(exc)}")
+        sections.append(views.SchedulerSection(sched.name, view, pause, control, tuple(errors)))
+    return render(request, "schedulers.html", sections=sections, max_reason=actions.MAX_REASON)
 
 
 async def schedules_page(request: web.Request) -> web.Response:

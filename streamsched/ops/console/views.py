@@ -83,6 +83,21 @@ async def scheduler_view(bootstrap: clients.Conn, sched: SchedulerDef, *,
     return SchedulerView(sched.name, sched.group, sched.topic, state, count, parts)
 
 
+@dataclass(frozen=True)
+class SchedulerSection:
+    """One scheduler on the schedulers page. Its group and its pause state are read apart, so
+    one failing read is a line in the section and the other still shows: pausing a scheduler
+    matters most when something else is wrong."""
+
+    name: str
+    view: SchedulerView | None = None
+    """None: the group could not be read (``errors`` says why)."""
+    pause: PauseState | None = None
+    """None: no control topic, or it could not be read (``errors`` says why)."""
+    control_topic: bool = True
+    errors: tuple[str, ...] = ()
+
+
 async def pause_view(bootstrap: clients.Conn, sched: SchedulerDef) -> PauseState | None:
     """Whether ``sched`` is paused, as its workers follow it; None when its control topic does
     not exist (topics not applied since pauses were added): that is a state to show, not a
