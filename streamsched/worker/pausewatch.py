@@ -7,10 +7,11 @@ closed (:meth:`~streamsched.worker.flow.FlowControl.watch`), so a worker that st
 scheduler is paused never takes a claim in between. After that it follows the topic: a pause
 closes the gate within one poll, a resume opens it.
 
-A topic that does not exist (a deployment from before pauses, run with ``--no-create-topics``)
-means "never paused": the worker runs, logs one warning, and looks for it again every
-:data:`MISSING_RETRY_S`. A record that cannot be decoded is skipped with a warning (the previous
-state stays), never a reason to stop the worker.
+A topic that does not exist (a deployment from before pauses, run with ``--no-create-topics``),
+or that the worker's principal may not read (ACLs applied before pauses existed), means "never
+paused": the worker runs, logs one warning, and looks again every :data:`MISSING_RETRY_S`. A
+record that cannot be decoded is skipped with a warning (the previous state stays), never a
+reason to stop the worker.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ async def watch_pauses(scheduler: SchedulerDef, bootstrap: clients.Conn, flow: F
                        stop: asyncio.Event) -> None:
     """Follow ``scheduler``'s control topic into ``flow`` until ``stop`` is set."""
     from aiokafka import TopicPartition
-    from aiokafka.errors import KafkaError
+    from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 
     topic = scheduler.control_topic
     tp = TopicPartition(topic, 0)
@@ -72,6 +73,16 @@ async def watch_pauses(scheduler: SchedulerDef, bootstrap: clients.Conn, flow: F
                 position = await consumer.position(tp)
                 flow.set_pause(last, known=flow.pause_known or position >= end)
             return
+        except TopicAuthorizationFailedError:
+            # The worker's principal may not read it (ACLs from before pauses): running matters
+            # more than a control it cannot see. Said once, looked at again later.
+            if not warned:
+                log.warning("control topic %s may not be read by this worker (apply `streamsched acl plan` "
+                            "again): the scheduler cannot be paused", topic)
+                warned = True
+            flow.set_pause(None, known=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), MISSING_RETRY_S)
         except KafkaError as exc:
             # A broker outage: the state read so far stands (a paused scheduler stays paused).
             log.warning("control topic %s: %s; reading it again", topic, type(exc).__name__)

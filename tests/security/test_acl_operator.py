@@ -21,6 +21,7 @@ from streamsched.kafka.clients import Connection
 from streamsched.ops import acl
 from streamsched.ops.broker import LocalCluster
 from streamsched.ops.inspect import inspect_identity
+from streamsched.ops.pause import pause_state
 from streamsched.testing import ROOT, WorkerProcess, make_event, produce_events, wait_for
 from streamsched.worker.app import SchedulerDef
 from tests.security.operator_app import make_app, runs
@@ -103,6 +104,19 @@ async def test_an_operator_with_its_plan_inspects_and_redrives_through_the_owner
         assert view.audit[0].principal == "User:operator" and view.audit[0].reason == "bug fixed"
         done_runs = runs(rig.runs)
         assert [t for t, _ in done_runs] == ["inv-op", "inv-op"] and done_runs[1][1] > done_runs[0][1]
+
+        # Pause and resume: the operator's plan allows them, another principal's does not.
+        pause = ["pause", rig.sched.name, "--reason", "partner maintenance"]
+        refused = await asyncio.to_thread(cli, [*pause, "--config", str(rig.files["intruder"])], rig.env)
+        assert refused.returncode == 3, refused.stderr
+        done = await asyncio.to_thread(cli, [*pause, "--config", str(rig.files["operator"])], rig.env)
+        assert done.returncode == 0, done.stderr
+        state = await pause_state(rig.operator, rig.sched.name)
+        assert state.paused and state.last is not None and state.last.principal == "User:operator"
+        resume = ["resume", rig.sched.name, "--config", str(rig.files["operator"])]
+        done = await asyncio.to_thread(cli, resume, rig.env)
+        assert done.returncode == 0, done.stderr
+        assert not (await pause_state(rig.operator, rig.sched.name)).paused
     finally:
         assert worker.terminate() == 0, worker.log_tail()
 

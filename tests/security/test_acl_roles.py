@@ -45,6 +45,9 @@ def test_the_plan_is_exactly_what_the_role_needs() -> None:
                       reference.EVENTS)
         for op in ("WRITE", "DESCRIBE")
     } | {
+        # Operators' pause and resume: the worker follows them, never writes them.
+        ("TOPIC", "LITERAL", f"__streamsched.control.{reference.NAME}", op) for op in ("READ", "DESCRIBE")
+    } | {
         ("GROUP", "LITERAL", f"streamsched.{reference.NAME}", "READ"),
     } | {
         ("TRANSACTIONAL_ID", "PREFIXED", f"streamsched:scheduler:{s.group}:{s.topic}:", op)
