@@ -82,6 +82,8 @@ _TABLE: Final[tuple[tuple[str, MetricType, tuple[str, ...], str], ...]] = (
      "circuit breaker state by scope (scheduler or the command): 0 closed, 1 half-open, 2 open"),
     ("breaker_opened", "counter", _K, "times a circuit breaker opened, by scope"),
     ("breaker_deferred", "counter", (), "items deferred without charging an attempt (a breaker was open)"),
+    ("rate_budget", "gauge", _K,
+     "calls per second this worker may make under a group-wide rate limit (its share), by scope"),
     ("paused", "gauge", (),
      "1 while an operator has paused the scheduler (or its pause state is still being read); else 0"),
     # Partition owners, transactions and restores (worker and ticker)

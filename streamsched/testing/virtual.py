@@ -146,7 +146,8 @@ class SchedulerRig:
         self.seed = seed
         self.metrics = Metrics(scheduler.name)
         self.due = DueIndex()
-        self.flow = FlowControl(scheduler, self.metrics, monotonic=clock)  # one per worker, as there
+        # One per worker, as there; breakers and pacing on the virtual clock.
+        self.flow = FlowControl(scheduler, self.metrics, monotonic=clock, sleep=clock.sleep)
         self.consumer = kafka.consumer(scheduler.group)
         self.parts: dict[int, _Part] = {}
 

@@ -41,6 +41,7 @@ from streamsched.model.limits import (
     check_range,
 )
 from streamsched.model.names import internal_topic, transactional_prefix, validate_name
+from streamsched.model.ratelimit import check_rate
 from streamsched.model.retry import RetryPolicy
 from streamsched.wire.registry import WireFormat, check_format
 from streamsched.wire.transition import encode_transition
@@ -105,6 +106,8 @@ class ExternalCommand:
     fn: ExternalFn
     breaker: BreakerPolicy | None = None
     """Opens when this command's calls fail (see :mod:`streamsched.model.breaker`)."""
+    rate: float | None = None
+    """Calls per second the whole group may make to it (see :mod:`streamsched.model.ratelimit`)."""
 
     kind = "external"
 
@@ -123,16 +126,18 @@ class KafkaCommand:
 Command = ExternalCommand | KafkaCommand
 
 
-def external_command(name: str | None = None, *,
-                     breaker: BreakerPolicy | None = None) -> Callable[[ExternalFn], ExternalCommand]:
-    """Declare an external command; ``breaker``: stop taking work while its calls fail."""
+def external_command(name: str | None = None, *, breaker: BreakerPolicy | None = None,
+                     rate: float | None = None) -> Callable[[ExternalFn], ExternalCommand]:
+    """Declare an external command; ``breaker``: stop taking work while its calls fail; ``rate``:
+    calls per second the whole group may make to it."""
     if breaker is not None and not isinstance(breaker, BreakerPolicy):
         raise ConfigError("breaker must be a streamsched BreakerPolicy")
+    checked = check_rate(rate, "command")
 
     def wrap(fn: ExternalFn) -> ExternalCommand:
         if not inspect.iscoroutinefunction(fn):
             raise ConfigError(f"external command {fn.__name__} must be an async function")
-        return ExternalCommand(validate_name(name or fn.__name__, "command"), fn, breaker)
+        return ExternalCommand(validate_name(name or fn.__name__, "command"), fn, breaker, checked)
 
     return wrap
 
@@ -276,11 +281,15 @@ class SchedulerDef:
     breaker: BreakerPolicy | None = None
     """Opens when the handler's attempts fail transiently, whichever command failed (see
     :mod:`streamsched.model.breaker`; a command can have its own, ``external_command(breaker=)``)."""
+    rate: float | None = None
+    """Handler runs per second the whole group may start (see :mod:`streamsched.model.ratelimit`;
+    a command can have its own, ``external_command(rate=)``)."""
 
     def __post_init__(self) -> None:
         check_format(self.wire_format, f"scheduler {self.name}")
         if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
             raise ConfigError("breaker must be a streamsched BreakerPolicy")
+        object.__setattr__(self, "rate", check_rate(self.rate, f"scheduler {self.name}"))
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError("retry must be a streamsched RetryPolicy")
         legacy = self.extra.get("retry")

@@ -40,7 +40,7 @@ from streamsched.model.jsonval import json_dumps
 from streamsched.model.retry import RetryPolicy, compute_backoff, normalize_failure
 from streamsched.worker import failurelog
 from streamsched.worker.app import CommandContext, Emit, SchedulerDef, Turn
-from streamsched.worker.flow import FlowControl
+from streamsched.worker.flow import SCHEDULER_SCOPE, FlowControl
 
 IN_PLACE_RETRY_LIMIT_S = 0.25
 """The longest backoff a delivery waits in place (once); longer ones, and every second retry of
@@ -173,6 +173,9 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
                 await bounded.run(s.handler(Turn(seen, ctx, commands)), deadline, clock)
             else:
                 assert flow is not None
+                if (wait := flow.reserve(SCHEDULER_SCOPE)) > 0:
+                    bounded.note_suspend()  # the rest of the batch runs meanwhile
+                    await flow.sleep(wait)
                 with flow.handler():
                     await bounded.run(s.handler(Turn(seen, ctx, commands)), deadline, clock)
         except BreakerOpen as exc:

@@ -1,4 +1,4 @@
-"""Flow control of one scheduler in one worker: its circuit breakers and its pause.
+"""Flow control of one scheduler in one worker: its circuit breakers, rate limits and pause.
 
 One :class:`FlowControl` per worker and scheduler, shared by every partition it owns: an outage
 seen on one partition stops the others taking work too, and an operator's pause (read from the
@@ -10,6 +10,10 @@ things:
   Records stay in the partition's queue; once the queue is full intake pauses fetching that
   partition, while the consumer keeps polling and heartbeating, so nothing rebalances. Items
   already claimed finish.
+* **the pacer**: a group-wide ``rate`` (of a command's calls, or of a scheduler's handler runs)
+  is divided by partitions: this worker may make ``rate x owned / partitions`` per second, and
+  each call waits for its slot (:class:`~streamsched.model.ratelimit.Pacer`). The share follows
+  every rebalance (:meth:`FlowControl.set_share`).
 * **the call guard** (:class:`~streamsched.worker.app.CallGuard`, around each external command
   call, and around the whole handler for a scheduler-wide breaker): a call is refused with
   :class:`~streamsched.model.breaker.BreakerOpen` while its breaker is open, and each result is
@@ -27,12 +31,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from streamsched.metrics import LABELS, Metrics
 from streamsched.model.breaker import Breaker, BreakerOpen, BreakerState
+from streamsched.model.ratelimit import Pacer
 from streamsched.model.retry import is_transient
 from streamsched.wire.pause import PauseRecord
 from streamsched.worker.app import CommandContext, ExternalCommand, ExternalFn, SchedulerDef
@@ -57,9 +62,19 @@ class FlowControl:
     """The breakers of one scheduler in one worker (none: every method is a cheap no-op)."""
 
     def __init__(self, scheduler: SchedulerDef, metrics: Metrics,
-                 monotonic: Callable[[], int] = time.monotonic_ns) -> None:
+                 monotonic: Callable[[], int] = time.monotonic_ns,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.metrics = metrics
         self.monotonic = monotonic
+        self.sleep = sleep
+        """The pacer's wait (the test kit's virtual clock passes one that takes no real time)."""
+        self.rates: dict[str, tuple[float, Pacer]] = {
+            c.name: (c.rate, Pacer()) for c in scheduler.commands.values()
+            if isinstance(c, ExternalCommand) and c.rate is not None}
+        if scheduler.rate is not None:
+            self.rates[SCHEDULER_SCOPE] = (scheduler.rate, Pacer())
+        self.share = 1.0
+        """The fraction of the scheduler's partitions this worker owns (its share of each rate)."""
         self.scheduler: Breaker | None = (
             Breaker(scheduler.breaker, SCHEDULER_SCOPE) if scheduler.breaker is not None else None)
         self.commands: dict[str, Breaker] = {
@@ -73,12 +88,34 @@ class FlowControl:
         """The last pause or resume request read (None: none was ever made)."""
         self.pause_known = True
         self.watched = False
+        for scope, (rate, _) in self.rates.items():
+            self.metrics.set_gauge("rate_budget", rate, kind=_label(scope))
         self._export()
 
     @property
     def active(self) -> bool:
         """Any breaker declared or a pause watched (otherwise the turn skips every check)."""
-        return bool(self.breakers) or self.watched
+        return bool(self.breakers) or self.watched or bool(self.rates)
+
+    # --- the pacer ----------------------------------------------------------------------------------
+
+    def set_share(self, owned: int, partitions: int) -> None:
+        """This worker owns ``owned`` of the scheduler's ``partitions``: its share of each rate."""
+        share = owned / partitions if partitions > 0 else 0.0
+        if share != self.share:
+            self.share = share
+            for scope, (rate, _) in self.rates.items():
+                self.metrics.set_gauge("rate_budget", rate * share, kind=_label(scope))
+
+    def reserve(self, scope: str) -> float:
+        """Seconds to wait before the next call of ``scope`` (0: none, or no limit on it)."""
+        limit = self.rates.get(scope)
+        if limit is None:
+            return 0.0
+        rate, pacer = limit
+        # A worker that owns nothing makes no call; one that got its first partition a moment
+        # ago paces at a tiny share until its share is known (set by the intake every round).
+        return pacer.reserve(self.monotonic(), max(rate * self.share, 1e-3)) / 1e9
 
     # --- the pause ----------------------------------------------------------------------------------
 
@@ -160,6 +197,9 @@ class FlowControl:
             self._export()
 
     async def call(self, command: str, fn: ExternalFn, ctx: CommandContext, kwargs: dict[str, Any]) -> Any:
+        wait = self.reserve(command)
+        if wait > 0:
+            await self.sleep(wait)
         breaker = self.commands.get(command)
         if breaker is None:
             return await fn(ctx, **kwargs)

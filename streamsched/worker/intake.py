@@ -353,6 +353,12 @@ class Worker:
             delay_full = self.due.free < bound or self.fetch.holds(delay_tp)
             self.member.set_paused(delay_tp, want_pause or delay_full, view=view)
         self.metrics.set_gauge("lag", lag)
+        if self.flow.rates:
+            # Each owner paces at the share of the group's rate its partitions are (rebalances
+            # move it: this runs every intake round).
+            total = self.consumer.partitions_for_topic(self.scheduler.topic)
+            if total:
+                self.flow.set_share(len(self.owners.assigned), len(total))
         self.metrics.set_gauge("due_items", len(self.due))
         if self.stores is not None:
             for kind, used in self.stores.memory().items():
