@@ -67,6 +67,8 @@ class Downstream:
     up: bool = False
     calls_down: int = 0
     successes: Counter[str] = field(default_factory=Counter)
+    times: list[float] = field(default_factory=list)
+    """When each successful call came (monotonic seconds)."""
     runner: web.AppRunner | None = None
     port: int = 0
 
@@ -76,6 +78,7 @@ class Downstream:
             self.calls_down += 1
             return web.Response(status=503)
         self.successes[str(body["key"])] += 1
+        self.times.append(time.monotonic())
         return web.Response(status=200)
 
     async def start(self) -> str:

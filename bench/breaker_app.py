@@ -3,7 +3,8 @@
 
 One external command that calls a fake downstream over HTTP (``BENCH_URL``, served by the
 benchmark itself): a 503 answer is a transient failure (``Retryable``), a 200 a success. The
-command carries a circuit breaker unless ``BENCH_BREAKER=0`` (the baseline).
+command carries a circuit breaker unless ``BENCH_BREAKER=0`` (the baseline), and a group-wide
+rate limit of ``BENCH_RATE`` calls per second if set (bench/rate_limit.py).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ def _client() -> aiohttp.ClientSession:
     return _session
 
 
-def build(topic: str, name: str, breaker: bool) -> App:
+def build(topic: str, name: str, breaker: bool, rate: float | None = None) -> App:
     app = App("breaker")
 
-    @external_command(breaker=BREAKER if breaker else None)
+    @external_command(breaker=BREAKER if breaker else None, rate=rate)
     async def charge(ctx: CommandContext) -> None:
         async with _client().post(URL, json={"key": ctx.idempotency_key, "attempt": ctx.attempt}) as r:
             if r.status == 503:
@@ -45,4 +46,5 @@ def build(topic: str, name: str, breaker: bool) -> App:
 
 
 app = build(os.environ.get("BENCH_TOPIC", "bench"), os.environ.get("BENCH_NAME", "bench"),
-            os.environ.get("BENCH_BREAKER", "1") != "0")
+            os.environ.get("BENCH_BREAKER", "1") != "0",
+            float(os.environ["BENCH_RATE"]) if os.environ.get("BENCH_RATE") else None)

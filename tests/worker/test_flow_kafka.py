@@ -9,12 +9,14 @@ tests/worker/test_flow.py; the five-minute version with 10,000 items is bench/br
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
 
 from streamsched import App, BreakerPolicy, CommandContext, Retryable, Selection, Turn, external_command
 from streamsched.kafka.reads import read_topic
+from streamsched.model.ratelimit import BURST_S
 from streamsched.model.retry import RetryPolicy
 from streamsched.testing import make_event, produce_events, running_worker, wait_drained, wait_for
 from tests.conftest import TopicFactory
@@ -81,3 +83,42 @@ async def test_an_outage_opens_the_breaker_and_every_item_runs_once_afterwards(
         assert worker.metrics.gauges["breaker_state{kind=charge}"] == 0
         assert worker.metrics.counters.get("dead_lettered", 0) == 0
     assert await read_topic(bootstrap, sched.dead_letter_topic, timeout_s=30) == []
+
+
+async def test_a_rate_limit_paces_the_calls_of_the_whole_group(
+        bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str]) -> None:
+    """Two workers share ``rate=20``: together they call at most 20 times a second (plus the
+    pacer's catch-up allowance), and 60 items take about three seconds, not a few milliseconds."""
+    topic = await make_topic("rate", partitions=4)
+    name = unique("rate").replace("-", "_")
+    times: list[float] = []
+    app = App("ratek")
+
+    @external_command(rate=20)
+    async def charge(ctx: CommandContext) -> None:
+        times.append(time.monotonic())
+
+    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[charge])
+    async def handle(turn: Turn) -> None:
+        await turn.commands.charge()
+
+    sched = app.schedulers[name]
+    async with running_worker(sched, bootstrap) as a, running_worker(sched, bootstrap) as b:
+
+        async def shared() -> bool:
+            return all(w.metrics.gauges.get("partitions") == 2 for w in (a, b))
+
+        await wait_for(shared, timeout=60, what="the two workers to own two partitions each")
+        budget = "rate_budget{kind=charge}"
+        assert a.metrics.gauges[budget] == b.metrics.gauges[budget] == 10  # half of 20 each
+        await produce_events(bootstrap, topic, [make_event("due", "acme", [f"r-{i}"]) for i in range(60)])
+
+        async def all_called() -> bool:
+            return len(times) == 60
+
+        await wait_for(all_called, timeout=60, what="every item to be called")
+    times.sort()
+    assert times[-1] - times[0] >= 59 / 20 - 2 * BURST_S  # paced, not all at once
+    for i, t in enumerate(times):
+        in_second = sum(1 for u in times[i:] if u < t + 1.0)
+        assert in_second <= 20 * (1 + BURST_S) + 2, in_second
