@@ -68,6 +68,9 @@ _TABLE: Final[tuple[tuple[str, MetricType, tuple[str, ...], str], ...]] = (
     ("forwarded", "counter", (), "records forwarded to the partition their key maps to"),
     ("redriven", "counter", (), "identities reopened by an operator's re-drive"),
     ("redrive_refused", "counter", _K, "re-drive requests the owner refused, by kind (changed, live_claim)"),
+    ("cancelled", "counter", (), "identities whose waiting work an operator's cancel resolved"),
+    ("cancel_refused", "counter", _K, "cancel requests the owner refused, by kind (changed, live_claim, "
+     "nothing_waiting)"),
     ("feedback_dropped", "counter", (), "schedule feedback with no catalog to report to"),
     ("lag", "gauge", (), "records behind the end of the assigned partitions"),
     ("due_items", "gauge", (), "items waiting for their due time"),

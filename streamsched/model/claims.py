@@ -11,6 +11,7 @@ States and guarded transitions::
     CLAIMED (no outcome) ──park (a retryable failure)──▶ RELEASED (parked for a retry)
     CLAIMED (no outcome) ──defer (a breaker refused it)──▶ RELEASED (parked, no attempt charged)
     RELEASED (outcome stored) ──reopen (an operator's re-drive)──▶ RELEASED (no outcome, next run)
+    FREE / RELEASED (no outcome) ──cancel (an operator's cancel)──▶ RELEASED (FAILED, cancelled)
 
 The retry budget belongs to the identity, not to the record that delivers it: ``attempt`` counts
 the attempts of the current ``run`` whose result is recorded, and the next execution runs
@@ -18,7 +19,11 @@ the attempts of the current ``run`` whose result is recorded, and the next execu
 published again). ``park`` records that a retry is due at ``retry_due_ns``; until then a new
 record of the identity joins that retry instead of running (the worker's selection decides that
 from :meth:`ClaimState.parked`). ``reopen`` starts the next run at attempt 0, with the whole retry
-policy again.
+policy again. ``cancel`` stores a terminal outcome for work that waits (a parked retry, an event
+deferred until its due time, a reopened identity) without running it: a FAILED outcome whose
+``error_kind`` is :data:`CANCELLED_KIND` (no schema change; :attr:`Outcome.cancelled` tells it
+apart), which every later delivery finds and releases, and which ``reopen`` clears like any
+FAILED one.
 
 Every transition demands the exact successor revision of the state it starts from
 (:class:`RevisionConflict` otherwise), and every write after ``acquire`` presents the fence it
@@ -38,6 +43,10 @@ from streamsched.errors import IllegalTransition, LeaseHeld, RevisionConflict, S
 from streamsched.model.fastinit import fast_init
 
 _MAX_COUNTER = 2**63 - 1
+CANCELLED_KIND = "operator_cancelled"
+"""The ``error_kind`` of the FAILED outcome an operator's cancel stores. Not ``cancelled``: that
+is already the cause kind of a handler interrupted by ``asyncio.CancelledError``, which a FAILED
+outcome records once its attempts are spent."""
 
 
 class ClaimStatus(enum.Enum):
@@ -64,6 +73,11 @@ class Outcome:
     events: int = 0
     digest: bytes = b""
     error_kind: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """An operator cancelled the work before it ran (shown as ``CANCELLED``)."""
+        return self.kind is OutcomeKind.FAILED and self.error_kind == CANCELLED_KIND
 
 
 @fast_init
@@ -214,6 +228,35 @@ class ClaimState:
             raise IllegalTransition(self.identity, self.status.value, "reopen (run overflow)")
         return ClaimState(self.identity, ClaimStatus.RELEASED, "", self.fence, 0, 0, self.revision + 1, None,
                           0, self.run + 1, 0)
+
+    def cancel(self, *, expected_revision: int, now_ns: int, fence: int | None = None) -> ClaimState:
+        """Store a cancelled outcome for work that waits, so it never runs (an operator's cancel).
+
+        Only what no one is running: an identity never claimed (FREE: an event deferred until its
+        due time) or released without an outcome (a retry parked in its backoff, a reopened
+        identity). A claim not yet released is refused (:class:`LeaseHeld`): a live one is
+        running an attempt, and one whose lease ran out (its owner crashed) may still be, until
+        the partition's new owner takes it over; the operator asks again once it is released.
+        An identity with a stored outcome has nothing waiting (:class:`IllegalTransition`).
+        The fence, ordinal, attempt and run are kept (``inspect`` shows how far it got); a
+        re-drive reopens it like any FAILED outcome. ``fence``: if given, the fence the caller
+        saw (:class:`StaleFence` otherwise).
+        """
+        self._guard_revision(expected_revision)
+        if fence is not None:
+            self._guard_fence(fence)
+        if self.lease_active(now_ns):
+            raise LeaseHeld(self.identity, self.owner, self.lease_expires_ns)
+        if self.outcome is not None:
+            raise IllegalTransition(self.identity, self.status.value,
+                                    "cancel (an outcome is stored: nothing waits)")
+        if self.status is not ClaimStatus.FREE and self.status is not ClaimStatus.RELEASED:
+            raise LeaseHeld(self.identity, self.owner, self.lease_expires_ns)
+        if now_ns < 0:
+            raise IllegalTransition(self.identity, self.status.value, "cancel at a negative time")
+        outcome = Outcome(OutcomeKind.FAILED, self.fence, now_ns, error_kind=CANCELLED_KIND)
+        return ClaimState(self.identity, ClaimStatus.RELEASED, "", self.fence, 0, self.ordinal,
+                          self.revision + 1, outcome, self.attempt, self.run, 0)
 
     # --- persistence shape (see schemas/claim.avsc) -------------------------------------------
 

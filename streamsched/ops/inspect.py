@@ -6,7 +6,9 @@ a time, keeping only the identity's latest snapshot: memory stays bounded howeve
 partition) and reports the claim: status, fence, revision, owner, lease expiry, delivery ordinal,
 the attempt and the run it belongs to (a re-drive starts the next run at attempt 1), a parked
 retry's due time, outcome kind, time and error kind, with the group's committed offset of the
-home partition.
+home partition. An operator's cancel is stored as a FAILED outcome (error kind
+``operator_cancelled``): the JSON keeps ``"outcome": "FAILED"`` (what the state holds, for
+scripts that match on it) and adds ``"cancelled": true``; the table says ``CANCELLED``.
 
 What it prints is what the operator passed in plus the claim's own fields: never a payload, the
 event's tenant or target, another identity, or an error message (only its kind).
@@ -81,13 +83,15 @@ class IdentityView:
     outcome_at_ns: int | None = None
     outcome_fence: int | None = None
     error_kind: str | None = None
+    cancelled: bool = False
+    """The outcome is an operator's cancel (FAILED with error kind ``operator_cancelled``)."""
     committed_offset: int | None = None
     """The group's committed offset of the home transition partition (None: nothing committed)."""
     state_end_offset: int | None = None
     records_read: int = 0
     audit: tuple[AuditEntry, ...] = ()
-    """What owners did with re-drive requests of the identity (oldest first; the latest
-    :data:`AUDIT_SHOWN`)."""
+    """What owners did with re-drive and cancel requests of the identity (oldest first; the
+    latest :data:`AUDIT_SHOWN`)."""
     paused: PauseRecord | None = None
     """The operator's request that paused the scheduler (None: it runs, or was never paused)."""
 
@@ -236,6 +240,7 @@ async def inspect_identity(bootstrap: clients.Conn, scheduler: SchedulerDef, *,
             outcome_at_ns=out.at_ns if out is not None else None,
             outcome_fence=out.fence if out is not None else None,
             error_kind=out.error_kind if out is not None else None,
+            cancelled=out is not None and out.cancelled,
             committed_offset=committed, state_end_offset=end, records_read=read)
     return replace(base, records_read=read)
 
@@ -265,18 +270,21 @@ def format_view(v: IdentityView) -> str:
                  ("attempt", f"{v.attempt} of {v.max_attempts}, run {v.run}")]
         if v.retry_due_ns is not None:
             rows.append(("retry due", f"{_when(v.retry_due_ns)} (attempt {(v.attempt or 0) + 1})"))
-        rows += [("outcome", v.outcome or "-"), ("outcome at", _when(v.outcome_at_ns)),
+        rows += [("outcome", "CANCELLED" if v.cancelled else v.outcome or "-"),
+                 ("outcome at", _when(v.outcome_at_ns)),
                  ("outcome fence", str(v.outcome_fence) if v.outcome_fence is not None else "-"),
                  ("error kind", v.error_kind or "-")]
     rows += [("committed offset", str(v.committed_offset) if v.committed_offset is not None else "-"),
-             ("resolved", "yes: a redelivery releases without running" if v.resolved else
+             ("resolved", "yes: cancelled; nothing of it runs (a re-drive reopens it)" if v.resolved
+              and v.cancelled else "yes: a redelivery releases without running" if v.resolved else
               "no: a claim is held" if v.lease_active else
               "no: parked for a retry, which a delivery before it is due joins" if v.retry_due_ns is not None
               else "no: the next delivery runs it"),
              ("state records read", str(v.records_read))]
     for e in v.audit:
-        rows.append(("re-drive", f"{_when(e.applied_ns)} {e.result}{' (' + e.why + ')' if e.why else ''} by "
-                                 f"{e.principal}: {e.reason or '-'}"))
+        rows.append(("re-drive" if e.action == "redrive" else e.action,
+                     f"{_when(e.applied_ns)} {e.result}{' (' + e.why + ')' if e.why else ''} by "
+                     f"{e.principal}: {e.reason or '-'}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {val}" for k, val in rows)
 

@@ -24,7 +24,7 @@ from streamsched.model.event import TransitionEvent
 from streamsched.model.fastinit import fast_init
 from streamsched.model.limits import MAX_CLOCK_SKEW_S, MAX_PARK_S
 from streamsched.wire.avro_schema import MAGIC
-from streamsched.wire.control import REDRIVE, RedriveRequest, control_kind, decode_request
+from streamsched.wire.control import CANCEL, REDRIVE, RedriveRequest, control_kind, decode_request
 from streamsched.wire.dead_letter import NO_VALUE_REASON
 from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.registry import WriterSchema, decode_registry, schema_id_of
@@ -68,8 +68,9 @@ class Item:
     attempt_next: int = 0
     """The attempt a parked record carries."""
     control: RedriveRequest | None = None
-    """An operator's re-drive of ``identity`` (a delay-topic control record): applied by the
-    claim step when the item leads (before its claim), else by the batch's resolution."""
+    """An operator's re-drive or cancel of ``identity`` (a delay-topic control record): a
+    re-drive with an event is applied by the claim step when the item leads (before its claim);
+    the rest (no event: a re-drive that only reopens, every cancel) by the batch's resolution."""
 
 
 # Constructed directly, not with dataclasses.replace (which introspects the fields each time).
@@ -90,17 +91,20 @@ def _parked(it: Item, until_ns: int, attempt: int) -> Item:
 
 def _classify_control(s: SchedulerDef, rec: ConsumerRecord, kind: bytes) -> Item:
     """A control record: only on the delay topic (which services cannot write), only a re-drive
-    of the identity its event (if any) resolves to; anything else is a dead letter."""
+    of the identity its event (if any) resolves to, or a cancel of an identity (never with an
+    event: it runs nothing); anything else is a dead letter."""
     if rec.topic != s.delay_topic:
         return Item(rec, dead=("decode", "control record outside the scheduler's delay topic"))
-    if kind != REDRIVE:
+    if kind != REDRIVE and kind != CANCEL:
         return Item(rec, dead=("decode", "control: unknown kind"))
     try:
         request = decode_request(rec.headers)
     except DecodeError as exc:
         return Item(rec, dead=("decode", exc.reason))
     if rec.value is None:
-        return Item(rec, identity=request.identity, control=request)  # reopen only
+        return Item(rec, identity=request.identity, control=request)  # reopen only, or cancel
+    if kind == CANCEL:
+        return Item(rec, dead=("decode", "control: a cancel carries no event"))
     it = classify(s, rec, control=False)
     if it.dead is not None:
         return it

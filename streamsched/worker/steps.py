@@ -258,15 +258,17 @@ class PartitionSteps:
 
     def write_others(self, items: Iterable[Item], cp: Checkpoint) -> None:
         """Dead letters, parked and forwarded records of a batch's items that were not leaders,
-        and the re-drives among them (applied if they carry no event, else refused: their
-        identity is claimed right now, or they wait for a lease)."""
+        and the operator requests among them: re-drives without an event and cancels are
+        applied; a re-drive with an event that did not lead is refused (its identity is claimed
+        right now, or it waits for a lease)."""
         now = self.clock()
         items = list(items)
         for it in items:
             if it.control is None or it.dead is not None:
                 continue
             if it.event is None:
-                self.redrive(it, cp.current(it.identity), cp, now)
+                apply = self.cancel if it.control.action == "cancel" else self.redrive
+                apply(it, cp.current(it.identity), cp, now)
             else:
                 self._audit(it, cp.current(it.identity), cp, now, result="refused", why="live_claim")
         self.records.selected(items, cp.writer, now)
@@ -277,28 +279,45 @@ class PartitionSteps:
         audit entry goes into the same transaction."""
         req = it.control
         assert req is not None
+        return self._apply(it, cur, cp, now, "reopened",
+                           lambda: cur.reopen(expected_revision=cur.revision, now_ns=now, force=req.force),
+                           illegal="nothing_stored" if cur.outcome is None else "succeeded")
+
+    def cancel(self, it: Item, cur: ClaimState, cp: Checkpoint, now: int) -> ClaimState:
+        """Apply the cancel ``it`` carries to ``cur``, as :meth:`redrive` does: a cancelled
+        outcome, so the parked retry or deferred event of the identity finds it when it comes
+        due and is released without running; refused under a claim (an attempt may be running)
+        and when an outcome is already stored (nothing waits)."""
+        return self._apply(it, cur, cp, now, "cancelled",
+                           lambda: cur.cancel(expected_revision=cur.revision, now_ns=now),
+                           illegal="nothing_waiting")
+
+    def _apply(self, it: Item, cur: ClaimState, cp: Checkpoint, now: int, done: str,
+               transition: Callable[[], ClaimState], *, illegal: str) -> ClaimState:
+        req = it.control
+        assert req is not None
         why = ""
         try:
             if req.revision != cur.revision:
                 # Not the revision the operator inspected: a request delivered twice (its first
-                # delivery already reopened, and maybe ran, the identity) or overtaken by a newer
-                # execution. Applying it again could run the identity twice.
+                # delivery already applied, and maybe ran, the identity) or overtaken by a newer
+                # execution. Applying it again could run the identity twice (or cancel a new run).
                 raise RevisionConflict(cur.identity, req.revision, cur.revision)
-            reopened = cur.reopen(expected_revision=cur.revision, now_ns=now, force=req.force)
+            after = transition()
         except RevisionConflict:
             why = "changed"
         except LeaseHeld:
             why = "live_claim"
         except IllegalTransition:
-            why = "nothing_stored" if cur.outcome is None else "succeeded"
+            why = illegal
         except ClaimError:
             why = "refused"
         if why:
             self._audit(it, cur, cp, now, result="refused", why=why)
             return cur
-        cp.put(reopened)
-        self._audit(it, cur, cp, now, result="reopened", after=reopened)
-        return reopened
+        cp.put(after)
+        self._audit(it, cur, cp, now, result=done, after=after)
+        return after
 
     def _audit(self, it: Item, cur: ClaimState, cp: Checkpoint, now: int, *, result: str, why: str = "",
                after: ClaimState | None = None) -> None:
@@ -306,12 +325,12 @@ class PartitionSteps:
         assert req is not None
         entry = AuditEntry(req.identity, req.request, req.principal, req.at_ns, now, req.reason, result, why,
                            cur.outcome.kind.value if cur.outcome is not None else "", cur.fence,
-                           (after or cur).revision)
+                           (after or cur).revision, req.action)
         self.records.audit(req.identity, entry.encode(), cp.writer)
-        if result == "reopened":
-            self.metrics.inc("redriven")
+        if why:
+            self.metrics.inc(f"{req.action}_refused", kind=why)  # redrive_refused, cancel_refused
         else:
-            self.metrics.inc("redrive_refused", kind=why)
+            self.metrics.inc("redriven" if req.action == "redrive" else "cancelled")
 
     def _schedule_feedback(self, event: TransitionEvent, ex: Execution, cp: Checkpoint) -> None:
         """Report a scheduled occurrence's attempt to its catalog (in the same transaction).
