@@ -50,8 +50,8 @@ from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition, encode_transition
 from streamsched.worker.app import SchedulerDef
 
-__all__ = ["MAX_REDRIVE", "RedriveReport", "Target", "original_event", "principal_of", "redrive",
-           "targets_from_dlq"]
+__all__ = ["MAX_REDRIVE", "RedriveReport", "Target", "original_event", "principal_of", "read_states",
+           "redrive", "targets_from_dlq"]
 
 MAX_REDRIVE = 10_000
 """Most identities one command re-drives (dead letters beyond it are left for another run)."""
@@ -131,6 +131,44 @@ def original_event(scheduler: SchedulerDef, view: DeadLetterView) -> TransitionE
     return ev if scheduler.selection.matches(ev) else None
 
 
+async def read_states(bootstrap: clients.Conn, scheduler: SchedulerDef, chosen: list[Target], *,
+                      what: str, progress: bool | None = None, stream: TextIO | None = None
+                      ) -> dict[str, tuple[int, ClaimState | None]]:
+    """The home partition and latest snapshot (None: none stored) of each target that has one:
+    every identity found on a state partition, and every event's identity (its route key says
+    where it lives, found or not). A bare identity is looked for on every state partition."""
+    topics = [scheduler.topic, scheduler.state_topic, scheduler.delay_topic]
+    counts = await partition_counts(bootstrap, topics, missing_ok=True, authorized=True)
+    partitions = counts[scheduler.topic]
+    if not partitions:
+        raise ConfigError(f"topic {scheduler.topic} does not exist")
+    if not counts[scheduler.state_topic] or not counts[scheduler.delay_topic]:
+        raise ConfigError(f"the topics of scheduler {scheduler.name} do not exist: no worker of it has run "
+                          "on this cluster")
+    wanted: dict[int | None, set[str]] = {}
+    states: dict[str, tuple[int, ClaimState | None]] = {}
+    for t in chosen:
+        home = (partition_for_key(route_key(t.event.tenant, t.event.target), partitions)
+                if t.event is not None else None)
+        wanted.setdefault(home, set()).add(t.identity)
+        if home is not None:
+            states[t.identity] = (home, None)
+    out = stream or sys.stderr
+
+    def meter(total: int) -> tqdm[NoReturn]:
+        return progress_bar(total, enabled=progress, stream=out, what=what)
+
+    unplaced = wanted.pop(None, set())
+    for p in range(partitions):
+        look = wanted.get(p, set()) | (unplaced - states.keys())
+        if not look:
+            continue
+        found, _read, _end = await scan_states(bootstrap, scheduler.state_topic, p, look, meter)
+        for identity, st in found.items():
+            states[identity] = (p, st)
+    return states
+
+
 async def redrive(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Iterable[Target], *,
                   reason: str = "", force: bool = False, dry_run: bool = False,
                   progress: bool | None = None, stream: TextIO | None = None,
@@ -141,35 +179,8 @@ async def redrive(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Ite
         raise ConfigError(f"{len(chosen)} identities to re-drive: at most {MAX_REDRIVE} per run")
     for t in chosen:
         check_identity(t.identity)
-    topics = [scheduler.topic, scheduler.state_topic, scheduler.delay_topic]
-    counts = await partition_counts(bootstrap, topics, missing_ok=True, authorized=True)
-    partitions = counts[scheduler.topic]
-    if not partitions:
-        raise ConfigError(f"topic {scheduler.topic} does not exist")
-    if not counts[scheduler.state_topic] or not counts[scheduler.delay_topic]:
-        raise ConfigError(f"the topics of scheduler {scheduler.name} do not exist: no worker of it has run "
-                          "on this cluster")
-    # Where each identity lives: its event's route key says; a bare identity is looked for on
-    # every state partition.
-    wanted: dict[int | None, set[str]] = {}
-    for t in chosen:
-        home = (partition_for_key(route_key(t.event.tenant, t.event.target), partitions)
-                if t.event is not None else None)
-        wanted.setdefault(home, set()).add(t.identity)
-    states: dict[str, tuple[int, ClaimState | None]] = {}
-    out = stream or sys.stderr
-
-    def meter(total: int) -> tqdm[NoReturn]:
-        return progress_bar(total, enabled=progress, stream=out, what="redrive")
-
-    unplaced = wanted.pop(None, set())
-    for p in range(partitions):
-        look = wanted.get(p, set()) | (unplaced - states.keys())
-        if not look:
-            continue
-        found, _read, _end = await scan_states(bootstrap, scheduler.state_topic, p, look, meter)
-        for identity, st in found.items():
-            states[identity] = (p, st)
+    states = await read_states(bootstrap, scheduler, chosen, what="redrive", progress=progress,
+                               stream=stream)
     report = RedriveReport(dry_run=dry_run)
     now = time.time_ns()
     who = principal or principal_of(bootstrap)
