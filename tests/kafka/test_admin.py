@@ -179,3 +179,21 @@ def test_an_audit_topic_keeps_its_entries_unless_told_otherwise() -> None:
     assert spec.internal
     assert TopicSpec("__streamsched.audit.s", 4, 1, kind="audit",
                      config={"retention.ms": "31536000000"}).config["retention.ms"] == "31536000000"
+
+
+def test_a_control_topic_keeps_every_pause_request_and_has_one_partition() -> None:
+    from streamsched import App, Selection, external_command
+
+    @external_command()
+    async def c(ctx: object) -> None:
+        return None
+
+    app = App("a")
+    app.scheduler(name="s", topic="t", selection=Selection("x"), commands=[c])(_handler)
+    [control] = [t for t in app.one().internal_topics(6, 1) if t.kind == "control"]
+    assert control.name == "__streamsched.control.s" and control.partitions == 1 and control.internal
+    assert control.config["retention.ms"] == "-1" and control.config["cleanup.policy"] == "delete"
+
+
+async def _handler(turn: object) -> None:
+    return None
