@@ -42,6 +42,7 @@ from streamsched.testing.virtual import Clocked, SchedulerRig, VirtualClock, set
 from streamsched.wire.claim import decode_claim
 from streamsched.wire.control import AuditEntry, RedriveRequest, redrive_record
 from streamsched.wire.dead_letter import DeadLetterView, view_dead_letter
+from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import encode_transition
 from streamsched.worker.app import App, SchedulerDef
 
@@ -56,7 +57,7 @@ MAX_STEPS = 100_000
 
 @dataclass(frozen=True)
 class RedriveRecord:
-    """A re-drive request as the delay-topic record that carries it."""
+    """A re-drive (or cancel) request as the delay-topic record that carries it."""
 
     topic: str
     value: bytes | None
@@ -282,8 +283,39 @@ class TestApp:
                                                  route_key(event.tenant, event.target))
         return RedriveRecord(s.delay_topic, value, key, partition, headers)
 
+    async def cancel(self, event: TransitionEvent | str, *, scheduler: str | None = None,
+                     reason: str = "test", principal: str = "User:test") -> None:
+        """Cancel an identity's waiting work as ``streamsched cancel`` does (a request at the
+        revision its state has now, 0 if none is stored); then settle."""
+        self.produce_redrive(self.cancel_request(event, scheduler=scheduler, reason=reason,
+                                                 principal=principal))
+        await self.settle()
+
+    def cancel_request(self, event: TransitionEvent | str, *, scheduler: str | None = None,
+                       reason: str = "test", principal: str = "User:test") -> RedriveRecord:
+        """The record :meth:`cancel` produces, not produced (see :meth:`redrive_request`). An
+        identity never claimed is found by its event's route key (a bare one: ConfigError)."""
+        s = self.scheduler(scheduler)
+        identity = event if isinstance(event, str) else self.identity(event, scheduler=s.name)
+        key = identity.encode()
+        found = [(r.partition, r.value) for r in self.kafka.records(s.state_topic) if r.key == key]
+        if found:
+            partition, raw = found[-1]
+            revision = decode_claim(raw).revision if raw is not None else 0
+        elif isinstance(event, str):
+            raise ConfigError("no claim of this identity is stored: cancel it by its event")
+        else:
+            partitions = self.kafka.partitions(s.topic)
+            partition = partition_for_key(route_key(event.tenant, event.target), partitions)
+            revision = 0
+        request = RedriveRequest.new(identity, revision, principal=principal, at_ns=self.clock.now_ns,
+                                     reason=reason, action="cancel")
+        key, value, headers = redrive_record(request, None, None)
+        self.ensure_topic(s.delay_topic)
+        return RedriveRecord(s.delay_topic, value, key, partition, headers)
+
     def audit(self, event: TransitionEvent | str, *, scheduler: str | None = None) -> list[AuditEntry]:
-        """The committed audit entries of an identity (what its owners did with re-drives)."""
+        """The committed audit entries of an identity (what its owners did with re-drives and cancels)."""
         s = self.scheduler(scheduler)
         identity = event if isinstance(event, str) else self.identity(event, scheduler=s.name)
         key = identity.encode()

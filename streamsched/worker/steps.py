@@ -327,10 +327,11 @@ class PartitionSteps:
                            cur.outcome.kind.value if cur.outcome is not None else "", cur.fence,
                            (after or cur).revision, req.action)
         self.records.audit(req.identity, entry.encode(), cp.writer)
+        cancel = req.action == "cancel"
         if why:
-            self.metrics.inc(f"{req.action}_refused", kind=why)  # redrive_refused, cancel_refused
+            self.metrics.inc("cancel_refused" if cancel else "redrive_refused", kind=why)
         else:
-            self.metrics.inc("redriven" if req.action == "redrive" else "cancelled")
+            self.metrics.inc("cancelled" if cancel else "redriven")
 
     def _schedule_feedback(self, event: TransitionEvent, ex: Execution, cp: Checkpoint) -> None:
         """Report a scheduled occurrence's attempt to its catalog (in the same transaction).

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from streamsched.errors import ClaimError, IllegalTransition, LeaseHeld, RevisionConflict, StaleFence
-from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
+from streamsched.model.claims import CANCELLED_KIND, ClaimState, ClaimStatus, Outcome, OutcomeKind
 from streamsched.model.identity import IdentityParts, business_identity
 
 IDENT = business_identity(IdentityParts("sched", "topic", "sel", 1, "tenant", ("k",), "run"))
@@ -549,3 +549,83 @@ def test_defer_releases_without_charging_an_attempt_and_refuses_a_stale_fence() 
         deferred.defer(fence=deferred.fence, expected_revision=deferred.revision, due_ns=90)
     with pytest.raises(IllegalTransition):
         again.defer(fence=again.fence, expected_revision=again.revision, due_ns=0)
+
+
+# --- cancel (an operator's cancel of waiting work) -----------------------------------------------
+
+
+def parked() -> ClaimState:
+    s = claimed()
+    return s.park(fence=s.fence, expected_revision=s.revision, attempt=1, due_ns=LEASE * 5)
+
+
+@pytest.mark.parametrize("waiting", [fresh, parked], ids=["never claimed", "parked retry"])
+def test_cancel_stores_a_cancelled_failure_for_work_that_waits(waiting: object) -> None:
+    s: ClaimState = waiting()  # type: ignore[operator]
+    c = s.cancel(expected_revision=s.revision, now_ns=LEASE + 7)
+    assert (c.status, c.owner, c.fence, c.ordinal, c.revision, c.attempt, c.run, c.retry_due_ns) == (
+        ClaimStatus.RELEASED, "", s.fence, s.ordinal, s.revision + 1, s.attempt, s.run, 0)
+    assert c.outcome == Outcome(OutcomeKind.FAILED, s.fence, LEASE + 7, error_kind=CANCELLED_KIND)
+    assert c.outcome.cancelled and not c.parked
+    assert ClaimState.from_record(c.to_record()) == c  # no schema change: a FAILED outcome
+    # A later delivery keeps the outcome (it is released without running); a re-drive reopens it.
+    again = c.acquire(owner="B", now_ns=LEASE + 8, duration_ns=LEASE, expected_revision=c.revision)
+    assert again.outcome == c.outcome and again.fence == s.fence + 1
+    reopened = c.reopen(expected_revision=c.revision, now_ns=LEASE + 8)
+    assert reopened.outcome is None and reopened.run == s.run + 1
+
+
+def test_cancel_refuses_a_claim_a_stored_outcome_a_stale_revision_and_a_stale_fence() -> None:
+    with pytest.raises(LeaseHeld):
+        claimed().cancel(expected_revision=1, now_ns=1)  # an attempt is running
+    with pytest.raises(LeaseHeld):
+        claimed().cancel(expected_revision=1, now_ns=LEASE + 1)  # its owner crashed: not taken over yet
+    with pytest.raises(LeaseHeld):
+        stored().cancel(expected_revision=2, now_ns=1)
+    done = stored().release(fence=1, expected_revision=2)
+    with pytest.raises(IllegalTransition, match="nothing waits"):
+        done.cancel(expected_revision=done.revision, now_ns=LEASE + 1)
+    c = parked().cancel(expected_revision=2, now_ns=LEASE + 1)
+    with pytest.raises(IllegalTransition, match="nothing waits"):
+        c.cancel(expected_revision=c.revision, now_ns=LEASE + 2)  # cancelled once
+    with pytest.raises(RevisionConflict):
+        parked().cancel(expected_revision=1, now_ns=LEASE + 1)
+    with pytest.raises(StaleFence):
+        parked().cancel(expected_revision=2, now_ns=LEASE + 1, fence=0)
+    assert parked().cancel(expected_revision=2, now_ns=LEASE + 1, fence=1).outcome is not None
+
+
+def test_only_an_operators_cancel_is_cancelled() -> None:
+    assert not Outcome(OutcomeKind.FAILED, 1, 1, error_kind="cancelled").cancelled  # asyncio.CancelledError
+    assert not Outcome(OutcomeKind.SKIPPED, 1, 1, error_kind=CANCELLED_KIND).cancelled
+    assert not ok(1).cancelled
+
+
+class CancelMachine(ClaimMachine):
+    """The racing owners of :class:`ClaimMachine`, and an operator who cancels at any moment:
+    every invariant still holds (one outcome per run, fences strictly increasing)."""
+
+    @rule(ident=st.sampled_from(IDENTS))
+    def cancel(self, ident: str) -> None:
+        s = self.states[ident]
+        call = lambda: s.cancel(expected_revision=s.revision, now_ns=self.now)  # noqa: E731
+        held = s.status in (ClaimStatus.CLAIMED, ClaimStatus.OUTCOME_STORED)
+        if held and self.now < s.lease_expires_ns:
+            self._refused(ident, s, LeaseHeld, call)  # an attempt is running
+            return
+        if s.outcome is not None:
+            self._refused(ident, s, IllegalTransition, call)  # nothing waits
+            return
+        if held:
+            self._refused(ident, s, LeaseHeld, call)  # its owner crashed mid-attempt: not taken over yet
+            return
+        new = call()
+        assert new.outcome is not None and new.outcome.cancelled and new.outcome.fence == s.fence
+        assert new.status is ClaimStatus.RELEASED and new.fence == s.fence and new.ordinal == s.ordinal
+        self.outcomes_stored[ident] += 1
+        self.first_outcome[ident] = new.outcome
+        self._ok(ident, new)
+
+
+CancelMachine.TestCase.settings = ClaimMachine.TestCase.settings
+TestCancelMachine = CancelMachine.TestCase

@@ -1,5 +1,5 @@
-"""``streamsched`` command line: broker, topics, run, emit, status, inspect, redrive, pause,
-resume, console, dlq, schedule, outbox, replay, acl.
+"""``streamsched`` command line: broker, topics, run, emit, status, inspect, redrive, cancel,
+pause, resume, console, dlq, schedule, outbox, replay, acl.
 
 Every failure is one line on stderr with a documented exit code (:data:`EXIT_CODES`).
 
@@ -18,6 +18,7 @@ from streamsched.kafka import clientlog
 from streamsched.ops.cli.commands import (
     cmd_acl,
     cmd_broker,
+    cmd_cancel,
     cmd_dlq,
     cmd_inspect,
     cmd_outbox,
@@ -41,10 +42,10 @@ from streamsched.ops.cli.common import (
 from streamsched.ops.cli.events import cmd_emit, cmd_schedule, event_from_json
 from streamsched.ops.cli.parser import build_parser
 
-__all__ = ["DEFAULT_DATA_DIR", "EXIT_CODES", "build_parser", "cmd_acl", "cmd_broker", "cmd_dlq", "cmd_emit",
-           "cmd_inspect", "cmd_outbox", "cmd_pause", "cmd_redrive", "cmd_replay", "cmd_run", "cmd_schedule",
-           "cmd_status",
-           "cmd_topics", "connect", "event_from_json", "load_app", "main", "report_failure", "version_text"]
+__all__ = ["DEFAULT_DATA_DIR", "EXIT_CODES", "build_parser", "cmd_acl", "cmd_broker", "cmd_cancel", "cmd_dlq",
+           "cmd_emit", "cmd_inspect", "cmd_outbox", "cmd_pause", "cmd_redrive", "cmd_replay", "cmd_run",
+           "cmd_schedule", "cmd_status", "cmd_topics", "connect", "event_from_json", "load_app", "main",
+           "report_failure", "version_text"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
-"""The operator commands: broker, topics, run, status, dlq, outbox, replay and acl. Each
-``cmd_*`` takes the parsed arguments and returns the exit code; imports are local so that
-``streamsched --help`` stays fast and a command loads only what it uses."""
+"""The operator commands: broker, topics, run, status, dlq, outbox, replay, inspect, redrive,
+cancel, pause, console and acl. Each ``cmd_*`` takes the parsed arguments and returns the exit
+code; imports are local so that ``streamsched --help`` stays fast and a command loads only what
+it uses."""
 
 from __future__ import annotations
 
@@ -305,17 +306,45 @@ def cmd_redrive(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- cancel ---------------------------------------------------------------------------------------
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Cancel waiting work through its owner (see :mod:`streamsched.ops.cancel`)."""
+    from streamsched.ops import cancel
+    from streamsched.ops.redrive import Target
+
+    sched = load_app(args.app).one(args.scheduler)
+    if args.event is not None:
+        from streamsched.ops.cli.events import event_arg
+        from streamsched.ops.inspect import identity_of
+
+        event = event_arg(args.event)
+        target = Target(identity_of(sched, event), event)  # the event says where the identity lives
+    else:
+        target = Target(args.identity)
+    bootstrap = connect(args)
+    report = asyncio.run(cancel.cancel(bootstrap, sched, [target], reason=args.reason, dry_run=args.dry_run,
+                                       progress=args.progress))
+    show(args, report.to_dict())
+    return 0
+
+
 # --- pause / resume -------------------------------------------------------------------------------
 
 def cmd_pause(args: argparse.Namespace) -> int:
     """Pause or resume a scheduler (see :mod:`streamsched.ops.pause`)."""
     from streamsched.ops.pause import request_pause
 
+    name = args.scheduler_name or args.scheduler
+    if args.scheduler_name and args.scheduler and args.scheduler_name != args.scheduler:
+        raise ConfigError("name the scheduler once: SCHEDULER or --scheduler")
     if args.app is not None:
-        load_app(args.app).one(args.scheduler)  # a name the app does not declare: ConfigError
+        name = load_app(args.app).one(name).name  # a name the app does not declare: ConfigError
+    if name is None:
+        raise ConfigError("which scheduler? name it: SCHEDULER, --scheduler NAME or --app MODULE:ATTR")
     bootstrap = connect(args)
-    record = asyncio.run(request_pause(bootstrap, args.scheduler, paused=args.paused, reason=args.reason))
-    show(args, {"scheduler": args.scheduler, **record.to_dict()})
+    record = asyncio.run(request_pause(bootstrap, name, paused=args.paused, reason=args.reason))
+    show(args, {"scheduler": name, **record.to_dict()})
     return 0
 
 
@@ -347,7 +376,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     tokens = load_tokens(args.token_file) if args.allow_actions else ()
     config = ConsoleConfig(connect(args), schedulers, catalogs, allow_actions=args.allow_actions,
                            tokens=tokens, host=args.host, port=args.port,
-                           sample_interval_s=args.sample_interval)
+                           sample_interval_s=args.sample_interval, workers=args.worker or ())
 
     async def main() -> None:
         stop = stop_on_signals()

@@ -10,6 +10,7 @@ import os
 
 from streamsched.errors import ConfigError
 from streamsched.ops.cli.commands import (
+    cmd_cancel,
     cmd_console,
     cmd_inspect,
     cmd_pause,
@@ -217,10 +218,32 @@ def build_parser() -> Parser:
     add_output(rd, default="json", json_alias=None)
     add_connection(rd)
 
+    ca = command(sub, "cancel", "cancel work that waits (a retry in its backoff, an event before its due "
+                 "time) so it never runs (through the identity's owner, audited)", cmd_cancel)
+    add_app(ca)
+    add_scheduler(ca)
+    which = ca.add_mutually_exclusive_group(required=True)
+    which.add_argument("--identity", default=None, metavar="sched_...",
+                       help="cancel this identity (one never claimed has no snapshot to find: give --event)")
+    which.add_argument("--event", default=None, metavar="JSON",
+                       help="cancel this event's identity, also before its first claim (waiting for its "
+                            "due time)")
+    ca.add_argument("--reason", required=True, metavar="TEXT",
+                    help="why (kept in the audit trail, at most 200 characters)")
+    ca.add_argument("--dry-run", action="store_true", help="show what would be cancelled, send nothing")
+    ca.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress on stderr (default: on large state partitions)")
+    add_output(ca, default="json", json_alias=None)
+    add_connection(ca)
+
     for verb, doing in (("pause", "stop taking new work"), ("resume", "take new work again")):
         pa = command(sub, verb, f"{doing}: a durable request every worker of the scheduler follows, "
                      "now and after restarts (audited)", cmd_pause)
-        pa.add_argument("scheduler", metavar="SCHEDULER", help="the scheduler's name")
+        # The name as the first word (what an operator types) or as --scheduler, as every command
+        # that loads an app takes it; with --app holding one scheduler, neither.
+        pa.add_argument("scheduler_name", metavar="SCHEDULER", nargs="?", default=None,
+                        help="the scheduler's name (or --scheduler NAME)")
+        add_scheduler(pa, help="the scheduler's name (as SCHEDULER)")
         pa.add_argument("--reason", default="", required=verb == "pause",
                         help="why (kept in the control topic's history, at most 200 characters)")
         add_app(pa, required=False, help=f"{APP_HELP} declaring SCHEDULER (checked before anything is sent)")
@@ -234,6 +257,9 @@ def build_parser() -> Parser:
                     help="an app whose schedulers to show (repeatable)")
     co.add_argument("--catalog", action="append", default=None, metavar="NAME",
                     help="a schedule catalog to show (repeatable)")
+    co.add_argument("--worker", action="append", default=None, metavar="URL",
+                    help="a worker's status server, e.g. http://127.0.0.1:9464: the schedulers page shows "
+                         "its circuit breakers, pause and rate budget (repeatable)")
     co.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1; bound to loopback, only loopback host names "
                          "are answered)")
