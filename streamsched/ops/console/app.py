@@ -20,7 +20,7 @@ from aiohttp import web
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from streamsched.errors import StreamschedError
-from streamsched.ops.console import actions, charts, security, views
+from streamsched.ops.console import actions, charts, security, views, workers
 from streamsched.ops.console.errors import safe_error
 from streamsched.ops.console.sampler import Sampler
 from streamsched.ops.console.state import STATE, ConsoleConfig, State
@@ -101,8 +101,7 @@ async def overview(request: web.Request) -> web.Response:
                   legend=charts.legend(names), per_minute=per_minute)
 
 
-async def schedulers_page(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+async def _scheduler_sections(state: State) -> list[views.SchedulerSection]:
     sections: list[views.SchedulerSection] = []
     for sched in state.config.schedulers:
         view, pause, control, errors = None, None, True, []
@@ -116,7 +115,17 @@ async def schedulers_page(request: web.Request) -> web.Response:
         except Exception as exc:  # noqa: BLE001 - as above
             errors.append(f"pause state: {safe_error(exc)}")
         sections.append(views.SchedulerSection(sched.name, view, pause, control, tuple(errors)))
-    return render(request, "schedulers.html", sections=sections, max_reason=actions.MAX_REASON)
+    return sections
+
+
+async def schedulers_page(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    # Kafka and the workers at once: a worker that does not answer costs its deadline, no more.
+    sections, reports = await asyncio.gather(_scheduler_sections(state),
+                                             workers.fetch_reports(state.config.targets))
+    tables = {s.name: workers.table_for(s.name, reports) for s in state.config.schedulers}
+    return render(request, "schedulers.html", sections=sections, max_reason=actions.MAX_REASON,
+                  workers=tables, worker_count=len(reports))
 
 
 async def schedules_page(request: web.Request) -> web.Response:

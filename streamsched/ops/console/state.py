@@ -14,6 +14,7 @@ from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.ops.console import security, views
 from streamsched.ops.console.sampler import Sampler
+from streamsched.ops.console.workers import Worker, workers_of
 from streamsched.worker.app import SchedulerDef
 
 
@@ -27,6 +28,11 @@ class ConsoleConfig:
     host: str = "127.0.0.1"
     port: int = 9480
     sample_interval_s: float = 5.0
+    workers: Sequence[str] = ()
+    """Status server URLs of the workers (``--worker``): the schedulers page shows what they
+    keep in memory (breakers, pause, rate budget)."""
+    targets: tuple[Worker, ...] = field(init=False, default=())
+    """``workers`` checked, each address once, without credentials."""
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.schedulers]
@@ -36,6 +42,7 @@ class ConsoleConfig:
             raise ConfigError(f"--port must be in 0..65535 (0: a free one), not {self.port}")
         if self.allow_actions and not self.tokens:
             raise ConfigError(f"--allow-actions needs a token (--token-file or {security.TOKEN_ENV})")
+        self.targets = workers_of(self.workers)
 
 
 @dataclass
