@@ -56,6 +56,8 @@ NEEDS = {
     ("dlq",): ["--scheduler", "tiny"],
     ("outbox",): ["--dsn", "sqlite:///outbox.db"],  # in the working directory: it must not appear
     ("acl",): ["--app", "tinyapp:app"],
+    ("pause",): ["--scheduler", "tiny"],  # (or the first word; one of them is needed)
+    ("resume",): ["--scheduler", "tiny"],
     # Never a real broker: if the bad input under test were accepted, this still refuses.
     ("broker", "start"): ["--kafka-version", "2.8.0"],
     ("status",): ["--url", "http://127.0.0.1:1"],
