@@ -64,6 +64,8 @@ _TABLE: Final[tuple[tuple[str, MetricType, tuple[str, ...], str], ...]] = (
     ("retry_joined", "counter", (), "records that joined their identity's parked retry instead of running"),
     ("fetched_duplicates", "counter", (), "records fetched twice in one fetch sequence, dropped"),
     ("lease_waits", "counter", (), "items waiting for another owner's claim lease to expire"),
+    ("tenant_deferred", "counter", (),
+     "records parked because their tenant held its share of the partition's in-flight slots"),
     ("parked", "counter", (), "items parked on the delay topic"),
     ("forwarded", "counter", (), "records forwarded to the partition their key maps to"),
     ("redriven", "counter", (), "identities reopened by an operator's re-drive"),

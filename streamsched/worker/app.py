@@ -284,12 +284,22 @@ class SchedulerDef:
     rate: float | None = None
     """Handler runs per second the whole group may start (see :mod:`streamsched.model.ratelimit`;
     a command can have its own, ``external_command(rate=)``)."""
+    tenant_slots: int | None = None
+    """At most this many in-flight claims of one tenant per partition (see
+    :mod:`streamsched.worker.fairness`); None: no cap. Schedulers with an external command."""
 
     def __post_init__(self) -> None:
         check_format(self.wire_format, f"scheduler {self.name}")
         if self.breaker is not None and not isinstance(self.breaker, BreakerPolicy):
             raise ConfigError("breaker must be a streamsched BreakerPolicy")
         object.__setattr__(self, "rate", check_rate(self.rate, f"scheduler {self.name}"))
+        if self.tenant_slots is not None:
+            if type(self.tenant_slots) is not int or not 1 <= self.tenant_slots <= MAX_IN_FLIGHT:
+                raise ConfigError(f"tenant_slots must be an integer in 1..{MAX_IN_FLIGHT} (a tenant's share "
+                                  "of a partition's in-flight claims)")
+            if not any(isinstance(c, ExternalCommand) for c in self.commands.values()):
+                raise ConfigError("tenant_slots applies to a scheduler with an external command (a "
+                                  "Kafka-native one holds no slot while a command runs)")
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError("retry must be a streamsched RetryPolicy")
         legacy = self.extra.get("retry")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +30,7 @@ from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.registry import WriterSchema, decode_registry, schema_id_of
 from streamsched.wire.transition import decode_transition
 from streamsched.worker.app import SchedulerDef
+from streamsched.worker.fairness import TenantSlots
 
 ENVELOPE = bytes((MAGIC,))
 MAX_WATCHED = 4096
@@ -197,8 +198,11 @@ class Selector:
                  clock: Callable[[], int], current: Callable[[str], ClaimState],
                  claimed: Callable[[str], bool] = lambda _identity: False,
                  schemas: Schemas | None = None,
-                 monotonic: Callable[[], int] = time.monotonic_ns) -> None:
+                 monotonic: Callable[[], int] = time.monotonic_ns,
+                 fair: TenantSlots | None = None) -> None:
         self.s = scheduler
+        self.fair = fair
+        """The scheduler's cap on one tenant's claims in the partition (None: none)."""
         self.schemas = schemas
         self.partition = partition
         self.owner = owner
@@ -274,6 +278,7 @@ class Selector:
         items: list[Item] = []
         leaders: list[Item] = []
         seen: set[str] = set()
+        chosen: Counter[str] = Counter()
         now = self.clock()
         for it in batch.items:
             items.append(it)
@@ -314,6 +319,15 @@ class Selector:
                 items[-1] = _parked(it, held_until, it.event.attempt)
                 self.metrics.inc("lease_waits")
                 continue
+            if self.fair is not None:
+                tenant = it.event.tenant
+                if self.fair.full(tenant, chosen[tenant]):
+                    # The tenant holds its share of the window: this record waits on the delay
+                    # topic, and the records behind it (other tenants') lead meanwhile.
+                    items[-1] = _parked(it, self.fair.due_ns(tenant, now), it.event.attempt)
+                    self.metrics.inc("tenant_deferred")
+                    continue
+                chosen[tenant] += 1
             leaders.append(it)
         self.metrics.inc("turns", len(leaders))
         return Batch(tuple(items), tuple(leaders), batch.next_offset, batch.delayed, batch.started)

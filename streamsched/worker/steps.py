@@ -97,6 +97,8 @@ class PartitionSteps:
         self.rng = rng or random.Random()
         self.records = Records(scheduler.topic, partition, scheduler.delay_topic,
                                scheduler.dead_letter_topic, metrics, audit_topic=scheduler.audit_topic)
+        self.item_ns = 100_000_000
+        """How long an item takes lately (moving average, ns): spaces a capped tenant's records."""
         self.concurrent = False
         """A handler has suspended: items execute as tasks from now on (:meth:`execute_all`)."""
 
@@ -135,6 +137,15 @@ class PartitionSteps:
         """Run one claim's handler (or record its exhausted attempts without running it)."""
         if claim.exhausted is not None:
             return _exhausted(claim)
+        if self.scheduler.tenant_slots is None:
+            return await self._execute(claim, on_suspend)
+        started = self.clock()
+        try:
+            return await self._execute(claim, on_suspend)
+        finally:
+            self.item_ns = (4 * self.item_ns + max(0, self.clock() - started)) // 5
+
+    async def _execute(self, claim: Claim, on_suspend: Callable[[], None] | None) -> Resolved:
         ev = claim.item.event
         assert ev is not None
         rec, st = claim.item.record, claim.state

@@ -67,6 +67,7 @@ from streamsched.model.claims import ClaimState
 from streamsched.model.retry import RetryPolicy
 from streamsched.worker.app import ExternalCommand, SchedulerDef
 from streamsched.worker.checkpoint import TxnSettings
+from streamsched.worker.fairness import TenantSlots
 from streamsched.worker.feedback import FeedbackTopics, Lookup, admin_lookup
 from streamsched.worker.flow import FlowControl
 from streamsched.worker.native import TXN_MAX_BYTES, TXN_MAX_RECORDS, KafkaNative
@@ -128,10 +129,12 @@ class TurnRunner:
         self.native: KafkaNative | None = None if self.claim_first else KafkaNative(
             steps, txn, self.offsets, careful=self.window, commit_interval_s=commit_interval_s)
         self.schemas = schemas
+        fair = (TenantSlots(scheduler.tenant_slots, self.window.tenant_load, lambda: steps.item_ns)
+                if scheduler.tenant_slots is not None and self.claim_first else None)
         self._selector = Selector(scheduler, partition, owner=owner, metrics=metrics, clock=clock,
                                   current=self._current, claimed=self.window.claims,
                                   schemas=schemas.get if schemas is not None else None,
-                                  monotonic=monotonic)
+                                  monotonic=monotonic, fair=fair)
         export_corrupt(state, metrics)
 
     def _current(self, identity: str) -> ClaimState:

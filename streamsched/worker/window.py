@@ -72,6 +72,8 @@ class ClaimWindow:
         self.admitted: deque[_Admitted] = deque()
         self.claimed: dict[str, _Admitted] = {}
         """Identities claimed and not yet resolved -> their batch."""
+        self.tenants: Counter[str] = Counter()
+        """Claims of :attr:`claimed` by tenant (the cap of :mod:`streamsched.worker.fairness`)."""
         self.finished: list[Resolved] = []
         """Claims whose execution ended; their release goes into the next transaction."""
         self.tasks: set[asyncio.Task[Resolved]] = set()
@@ -87,6 +89,10 @@ class ClaimWindow:
     def claims(self, identity: str) -> bool:
         """Whether ``identity`` is claimed in the window (a later record of it is a follower)."""
         return identity in self.claimed
+
+    def tenant_load(self, tenant: str) -> int:
+        """Claims ``tenant`` holds in the window now."""
+        return self.tenants[tenant]
 
     def room(self) -> int:
         """How many more records may be admitted now."""
@@ -164,6 +170,7 @@ class ClaimWindow:
         # Committed: the window moves.
         for r in finished:
             self.claimed.pop(r.identity).results.append(r)
+            self._count(r.claim, -1)
         for adm in window:
             adm.unresolved = left[id(adm)]
         if entered is not None:
@@ -181,7 +188,18 @@ class ClaimWindow:
         if entered is not None:
             for c in claims:
                 self.claimed[c.identity] = entered
+                self._count(c, 1)
         return claims
+
+    def _count(self, claim: Claim, delta: int) -> None:
+        ev = claim.item.event
+        if ev is None:
+            return
+        left = self.tenants[ev.tenant] + delta
+        if left > 0:
+            self.tenants[ev.tenant] = left
+        else:
+            del self.tenants[ev.tenant]
 
     def offsets_sent(self, marks: Marks) -> None:
         self.offsets.t_sent, self.offsets.d_sent = marks.transition, marks.delay

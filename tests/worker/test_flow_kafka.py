@@ -9,6 +9,7 @@ tests/worker/test_flow.py; the five-minute version with 10,000 items is bench/br
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -122,3 +123,40 @@ async def test_a_rate_limit_paces_the_calls_of_the_whole_group(
     for i, t in enumerate(times):
         in_second = sum(1 for u in times[i:] if u < t + 1.0)
         assert in_second <= 20 * (1 + BURST_S) + 2, in_second
+
+
+async def test_one_tenants_backlog_does_not_starve_another_tenant(
+        bootstrap: str, make_topic: TopicFactory, unique: Callable[[str], str]) -> None:
+    """``tenant_slots=2``: forty records of one tenant ahead of three of another in one partition;
+    the second tenant's run before the first tenant's fifteenth (without the cap they would run
+    after all forty), and every record runs exactly once."""
+    topic = await make_topic("fair", partitions=1)
+    name = unique("fair").replace("-", "_")
+    done: list[str] = []
+    app = App("fairk")
+
+    @external_command()
+    async def charge(ctx: CommandContext, *, ref: str) -> None:
+        await asyncio.sleep(0.2)  # a slow partner call: a slot is held meanwhile
+        done.append(ref)
+
+    @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"), commands=[charge],
+                   max_in_flight=8, tenant_slots=2)
+    async def handle(turn: Turn) -> None:
+        await turn.commands.charge(ref=f"{turn.event.tenant}:{turn.event.target[0]}")
+
+    sched = app.schedulers[name]
+    big = [make_event("due", "big", [f"b{i}"]) for i in range(40)]
+    small = [make_event("due", "small", [f"s{i}"]) for i in range(3)]
+    async with running_worker(sched, bootstrap) as worker:
+        await produce_events(bootstrap, topic, big + small)
+
+        async def all_done() -> bool:
+            return len(done) >= len(big) + len(small)
+
+        await wait_for(all_done, timeout=120, what="every record to run")
+        await wait_drained(bootstrap, sched.group, topic, timeout=60)
+        assert worker.metrics.counters["tenant_deferred"] > 0
+    assert sorted(done) == sorted([f"big:b{i}" for i in range(40)] + [f"small:s{i}" for i in range(3)])
+    fifteenth_big = [i for i, ref in enumerate(done) if ref.startswith("big:")][14]
+    assert all(done.index(f"small:s{i}") < fifteenth_big for i in range(3)), done
