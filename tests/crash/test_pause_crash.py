@@ -18,7 +18,7 @@ from streamsched.kafka.admin import TopicSpec, apply
 from streamsched.ops.broker import free_port
 from streamsched.ops.pause import pause_state, request_pause
 from streamsched.ops.status import fetch_status
-from streamsched.testing import WorkerProcess, make_event, produce_events, wait_for
+from streamsched.testing import WorkerProcess, make_event, produce_events, wait_drained, wait_for
 from tests.security.operator_app import make_app, runs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.crash]
@@ -53,6 +53,9 @@ async def test_a_worker_started_after_its_paused_owner_was_killed_starts_paused(
         return [t for t, _ in runs(tmp_path / "runs")] == ["before"]
 
     await wait_for(ran_before, timeout=120, what="the first worker to run an item")
+    # Its offset committed too: killed before that, the item's record would be read again by the
+    # next worker and wait, paused, beside the new ones (a lag of 6, not 5).
+    await wait_drained(bootstrap, sched.group, sched.topic, timeout=60)
     await request_pause(bootstrap, sched.name, paused=True, reason="downstream maintenance")
 
     async def first_paused() -> bool:
@@ -70,13 +73,21 @@ async def test_a_worker_started_after_its_paused_owner_was_killed_starts_paused(
         targets = [f"after-{i}" for i in range(5)]
         await produce_events(bootstrap, sched.topic, [make_event("due", "acme", [t]) for t in targets])
 
+        seen: dict[str, float] = {}
+
         async def sees_them_paused() -> bool:
             assert second.alive(), second.log_tail()
-            g = await _gauges(url)
-            return g.get("paused") == 1 and g.get("partitions") == 2 and g.get("lag") == len(targets)
+            seen.clear()
+            seen.update(await _gauges(url))
+            return seen.get("paused") == 1 and seen.get("partitions") == 2 and seen.get("lag") == len(targets)
 
-        await wait_for(sees_them_paused, timeout=120,
-                       what="the restarted worker to own both partitions, paused, with 5 records behind")
+        # Up to a transaction timeout (60 s) and the broker's abort sweep: a worker killed with a
+        # transaction open holds its partitions' stable offsets until the broker aborts it.
+        try:
+            await wait_for(sees_them_paused, timeout=240,
+                           what="the restarted worker to own both partitions, paused, with 5 records behind")
+        except TimeoutError:
+            raise AssertionError(f"last gauges {seen}\n{second.log_tail(40)}") from None
         assert [t for t, _ in runs(tmp_path / "runs")] == ["before"]  # none of them ran
         assert (await pause_state(bootstrap, sched.name)).paused
 
