@@ -24,7 +24,6 @@ unknown, so cancel the event instead).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterable
 from typing import TextIO
@@ -33,7 +32,15 @@ from streamsched.errors import ConfigError
 from streamsched.kafka import clients
 from streamsched.model.claims import ClaimState, ClaimStatus
 from streamsched.ops.inspect import check_identity
-from streamsched.ops.redrive import MAX_REDRIVE, RedriveReport, Target, principal_of, read_states
+from streamsched.ops.redrive import (
+    MAX_REDRIVE,
+    RedriveReport,
+    Request,
+    Target,
+    principal_of,
+    read_states,
+    send_requests,
+)
 from streamsched.wire.control import RedriveRequest, redrive_record
 from streamsched.worker.app import SchedulerDef
 
@@ -75,7 +82,7 @@ async def cancel(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Iter
     report = CancelReport(dry_run=dry_run)
     now = time.time_ns()
     who = principal or principal_of(bootstrap)
-    records: list[tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]] = []
+    records: list[Request] = []
     for t in chosen:
         if t.identity not in states:
             report.refused["not_found"] += 1
@@ -92,13 +99,5 @@ async def cancel(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Iter
         report.requested.append(t.identity)
     if dry_run or not records:
         return report
-    producer = clients.producer(bootstrap)
-    await producer.start()
-    try:
-        topic = scheduler.delay_topic
-        sent = [await producer.send(topic, value, key=key, partition=partition, headers=headers)
-                for partition, key, value, headers in records]
-        await asyncio.gather(*sent)  # every request acknowledged (acks=all) before we report it
-    finally:
-        await producer.stop()
+    await send_requests(bootstrap, scheduler, records)
     return report

@@ -50,8 +50,8 @@ from streamsched.wire.partitioner import partition_for_key
 from streamsched.wire.transition import decode_transition, encode_transition
 from streamsched.worker.app import SchedulerDef
 
-__all__ = ["MAX_REDRIVE", "RedriveReport", "Target", "original_event", "principal_of", "read_states",
-           "redrive", "targets_from_dlq"]
+__all__ = ["MAX_REDRIVE", "RedriveReport", "Request", "Target", "original_event", "principal_of",
+           "read_states", "redrive", "send_requests", "targets_from_dlq"]
 
 MAX_REDRIVE = 10_000
 """Most identities one command re-drives (dead letters beyond it are left for another run)."""
@@ -131,6 +131,10 @@ def original_event(scheduler: SchedulerDef, view: DeadLetterView) -> TransitionE
     return ev if scheduler.selection.matches(ev) else None
 
 
+Request = tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]
+"""An operator request's record for the delay topic: partition, key, value, headers."""
+
+
 async def read_states(bootstrap: clients.Conn, scheduler: SchedulerDef, chosen: list[Target], *,
                       what: str, progress: bool | None = None, stream: TextIO | None = None
                       ) -> dict[str, tuple[int, ClaimState | None]]:
@@ -184,7 +188,7 @@ async def redrive(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Ite
     report = RedriveReport(dry_run=dry_run)
     now = time.time_ns()
     who = principal or principal_of(bootstrap)
-    records: list[tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]] = []
+    records: list[Request] = []
     for t in chosen:
         partition, st = states.get(t.identity, (-1, None))
         why = _why_refused(st, now, force)
@@ -203,13 +207,20 @@ async def redrive(bootstrap: clients.Conn, scheduler: SchedulerDef, targets: Ite
         report.requested.append(t.identity)
     if dry_run or not records:
         return report
+    await send_requests(bootstrap, scheduler, records)
+    return report
+
+
+async def send_requests(bootstrap: clients.Conn, scheduler: SchedulerDef,
+                        records: list[Request]) -> None:
+    """Produce operator requests (re-drives, cancels) to ``scheduler``'s delay topic, each to its
+    identity's home partition; returns once every one is acknowledged (acks=all)."""
     producer = clients.producer(bootstrap)
     await producer.start()
     try:
         topic = scheduler.delay_topic
         sent = [await producer.send(topic, value, key=key, partition=partition, headers=headers)
                 for partition, key, value, headers in records]
-        await asyncio.gather(*sent)  # every request acknowledged (acks=all) before we report it
+        await asyncio.gather(*sent)
     finally:
         await producer.stop()
-    return report
