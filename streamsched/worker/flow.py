@@ -162,9 +162,8 @@ class FlowControl:
         """Seconds until a closed gate should be asked again."""
         if self.paused:
             return PAUSED_POLL_S
-        now = self.monotonic()
-        due = [b.reopens_at(now) for b in self.breakers if not b.admits(now)]
-        return max(0.001, (min(due) - now) / 1e9) if due else 0.0
+        due = self.blocked_until_ns()
+        return max(0.001, (due - self.monotonic()) / 1e9) if due is not None else 0.0
 
     def blocked_until_ns(self) -> int | None:
         """When (monotonic) the earliest refusing breaker probes, None if none refuses."""

@@ -45,18 +45,23 @@ async def watch_pauses(scheduler: SchedulerDef, bootstrap: clients.Conn, flow: F
     topic = scheduler.control_topic
     tp = TopicPartition(topic, 0)
     warned = False
+
+    async def unpausable(why: str) -> None:
+        # Running matters more than a control the worker cannot see: said once, looked at again.
+        nonlocal warned
+        if not warned:
+            log.warning("control topic %s %s: the scheduler cannot be paused", topic, why)
+            warned = True
+        flow.set_pause(None, known=True)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), MISSING_RETRY_S)
+
     while not stop.is_set():
         consumer = clients.consumer(bootstrap)
         try:
             await consumer.start()
             if not await _exists(consumer, topic):
-                if not warned:
-                    log.warning("control topic %s does not exist: the scheduler cannot be paused "
-                                "(run `streamsched topics apply` or let the worker create it)", topic)
-                    warned = True
-                flow.set_pause(None, known=True)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), MISSING_RETRY_S)
+                await unpausable("does not exist (`streamsched topics apply` creates it)")
                 continue
             consumer.assign([tp])
             await consumer.seek_to_beginning(tp)
@@ -73,16 +78,8 @@ async def watch_pauses(scheduler: SchedulerDef, bootstrap: clients.Conn, flow: F
                 position = await consumer.position(tp)
                 flow.set_pause(last, known=flow.pause_known or position >= end)
             return
-        except TopicAuthorizationFailedError:
-            # The worker's principal may not read it (ACLs from before pauses): running matters
-            # more than a control it cannot see. Said once, looked at again later.
-            if not warned:
-                log.warning("control topic %s may not be read by this worker (apply `streamsched acl plan` "
-                            "again): the scheduler cannot be paused", topic)
-                warned = True
-            flow.set_pause(None, known=True)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), MISSING_RETRY_S)
+        except TopicAuthorizationFailedError:  # ACLs applied before pauses existed
+            await unpausable("may not be read by this worker (apply `streamsched acl plan` again)")
         except KafkaError as exc:
             # A broker outage: the state read so far stands (a paused scheduler stays paused).
             log.warning("control topic %s: %s; reading it again", topic, type(exc).__name__)
