@@ -24,11 +24,11 @@ objects (the policy sits beside :class:`~streamsched.model.retry.RetryPolicy`).
 from __future__ import annotations
 
 import enum
-import math
 from collections import deque
 from dataclasses import dataclass
 
 from streamsched.errors import ConfigError, StreamschedError
+from streamsched.model.limits import is_real
 
 __all__ = ["MAX_OPEN_S", "MAX_WINDOW_S", "Breaker", "BreakerOpen", "BreakerPolicy", "BreakerState"]
 
@@ -60,10 +60,6 @@ class BreakerState(enum.IntEnum):
     OPEN = 2
 
 
-def _real(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-
-
 @dataclass(frozen=True, slots=True)
 class BreakerPolicy:
     """When a breaker opens and how it closes again.
@@ -86,13 +82,13 @@ class BreakerPolicy:
     half_open_calls: int = 3
 
     def __post_init__(self) -> None:
-        if not _real(self.failure_ratio) or not 0 < self.failure_ratio <= 1:
+        if not is_real(self.failure_ratio) or not 0 < self.failure_ratio <= 1:
             raise ConfigError("breaker failure_ratio must be a number in (0, 1]")
         if type(self.window_s) is not int or not 1 <= self.window_s <= MAX_WINDOW_S:
             raise ConfigError(f"breaker window_s must be a whole number of seconds in 1..{MAX_WINDOW_S}")
         if type(self.minimum_calls) is not int or not 1 <= self.minimum_calls <= 1_000_000:
             raise ConfigError("breaker minimum_calls must be an integer in 1..1000000")
-        if not _real(self.open_s) or not 0 < self.open_s <= MAX_OPEN_S:
+        if not is_real(self.open_s) or not 0 < self.open_s <= MAX_OPEN_S:
             raise ConfigError(f"breaker open_s must be a number of seconds in (0, {MAX_OPEN_S:.0f}]")
         if type(self.half_open_calls) is not int or not 1 <= self.half_open_calls <= MAX_PROBES:
             raise ConfigError(f"breaker half_open_calls must be an integer in 1..{MAX_PROBES}")

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import math
+from typing import TypeGuard
+
 from streamsched.errors import BoundExceeded
+
+
+def is_real(value: object) -> TypeGuard[int | float]:
+    """A finite int or float, not a bool: what a numeric setting of a policy must be."""
+    if isinstance(value, bool):
+        return False
+    # Ints are always finite; math.isfinite would overflow converting a huge one to float.
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 MAX_TARGET_COMPONENTS = 8
 MAX_TARGET_BYTES = 1024

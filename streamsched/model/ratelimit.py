@@ -11,9 +11,8 @@ where a token bucket with a large burst would let one window take a second's wor
 
 from __future__ import annotations
 
-import math
-
 from streamsched.errors import ConfigError
+from streamsched.model.limits import is_real
 
 __all__ = ["BURST_S", "MAX_RATE", "Pacer", "check_rate"]
 
@@ -28,8 +27,7 @@ def check_rate(rate: object, what: str) -> float | None:
     """``rate`` as a float (None: no limit); a :class:`ConfigError` naming ``what`` otherwise."""
     if rate is None:
         return None
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) \
-            or not 0 < rate <= MAX_RATE:
+    if not is_real(rate) or not 0 < rate <= MAX_RATE:
         raise ConfigError(f"{what} rate must be a positive number of calls per second, "
                           f"at most {MAX_RATE:.0f}")
     return float(rate)

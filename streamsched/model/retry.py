@@ -42,12 +42,6 @@ class Terminal(StreamschedError):
     kind = "terminal"
 
 
-def _is_real(value: object) -> bool:
-    if isinstance(value, bool):
-        return False
-    # Ints are always finite; math.isfinite would overflow converting a huge one to float.
-    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
-
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
@@ -73,7 +67,7 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         for name in ("initial_interval_s", "backoff_coefficient", "maximum_interval_s", "jitter"):
-            if not _is_real(getattr(self, name)):
+            if not limits.is_real(getattr(self, name)):
                 raise ConfigError(f"retry policy {name} must be a finite number")
         if self.initial_interval_s <= 0:
             raise ConfigError("retry policy initial_interval_s must be > 0")
@@ -113,7 +107,7 @@ def compute_backoff(policy: RetryPolicy, attempt: int, *, rand: float) -> float:
     ``attempt``.
     """
     _check_attempt(attempt)
-    if not (_is_real(rand) and 0 <= rand < 1):
+    if not (limits.is_real(rand) and 0 <= rand < 1):
         raise BoundExceeded("backoff rand", 1, rand)
     exponent = attempt - 1
     coefficient = policy.backoff_coefficient

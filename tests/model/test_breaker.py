@@ -18,7 +18,7 @@ POLICY = BreakerPolicy(failure_ratio=0.5, window_s=10, minimum_calls=4, open_s=5
     {"failure_ratio": 0}, {"failure_ratio": 1.5}, {"failure_ratio": float("nan")}, {"failure_ratio": True},
     {"window_s": 0}, {"window_s": 2.5}, {"window_s": 3601},
     {"minimum_calls": 0}, {"minimum_calls": 1.0},
-    {"open_s": 0}, {"open_s": -1}, {"open_s": float("inf")}, {"open_s": 3601},
+    {"open_s": 0}, {"open_s": -1}, {"open_s": float("inf")}, {"open_s": 3601}, {"open_s": 10**400},
     {"half_open_calls": 0}, {"half_open_calls": 101},
 ])
 def test_bad_policy_values_are_refused_with_a_config_error(kwargs: dict[str, object]) -> None:

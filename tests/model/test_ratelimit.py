@@ -13,7 +13,7 @@ from streamsched.model.ratelimit import BURST_S, Pacer, check_rate
 S = 1_000_000_000
 
 
-@pytest.mark.parametrize("rate", [0, -1, -0.5, float("nan"), float("inf"), True, "200", 2_000_000])
+@pytest.mark.parametrize("rate", [0, -1, -0.5, float("nan"), float("inf"), True, "200", 2_000_000, 10**400])
 def test_a_rate_that_is_not_a_positive_finite_number_is_refused(rate: object) -> None:
     with pytest.raises(ConfigError, match="rate must be a positive number"):
         check_rate(rate, "command")
