@@ -125,7 +125,8 @@ class TurnRunner:
                                       txn_deadline_s,
                                       send_offsets=lambda marks: steps.send_offsets(producer, marks))
         self.window = ClaimWindow(steps, txn, self.offsets, max_in_flight=scheduler.max_in_flight,
-                                  commit_interval_s=commit_interval_s)
+                                  commit_interval_s=commit_interval_s,
+                                  count_tenants=scheduler.tenant_slots is not None)
         self.native: KafkaNative | None = None if self.claim_first else KafkaNative(
             steps, txn, self.offsets, careful=self.window, commit_interval_s=commit_interval_s)
         self.schemas = schemas

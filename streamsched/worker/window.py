@@ -63,7 +63,7 @@ class ClaimWindow:
     """Claim-first turns of one partition over a sliding window of ``max_in_flight`` claims."""
 
     def __init__(self, steps: PartitionSteps, txn: TxnSettings, offsets: Offsets, *,
-                 max_in_flight: int, commit_interval_s: float) -> None:
+                 max_in_flight: int, commit_interval_s: float, count_tenants: bool = False) -> None:
         self.steps = steps
         self.txn = txn
         self.offsets = offsets
@@ -72,8 +72,10 @@ class ClaimWindow:
         self.admitted: deque[_Admitted] = deque()
         self.claimed: dict[str, _Admitted] = {}
         """Identities claimed and not yet resolved -> their batch."""
+        self.count_tenants = count_tenants
         self.tenants: Counter[str] = Counter()
-        """Claims of :attr:`claimed` by tenant (the cap of :mod:`streamsched.worker.fairness`)."""
+        """Claims of :attr:`claimed` by tenant, kept only with ``count_tenants`` (the cap of
+        :mod:`streamsched.worker.fairness`; nothing on the hot path without it)."""
         self.finished: list[Resolved] = []
         """Claims whose execution ended; their release goes into the next transaction."""
         self.tasks: set[asyncio.Task[Resolved]] = set()
@@ -193,7 +195,7 @@ class ClaimWindow:
 
     def _count(self, claim: Claim, delta: int) -> None:
         ev = claim.item.event
-        if ev is None:
+        if ev is None or not self.count_tenants:
             return
         left = self.tenants[ev.tenant] + delta
         if left > 0:
