@@ -34,11 +34,13 @@ class Downstream:
     done: Counter[str] = field(default_factory=Counter)
     calls_while_down: int = 0
 
-    def app(self, *, on: str = "command") -> App:
+    def app(self, *, on: str = "command", breaker: BreakerPolicy = BREAKER, retry: RetryPolicy = RETRY,
+            name: str = "charges", topic: str = "invoices", claim_duration_s: float = 30.0) -> App:
+        """A scheduler calling this service, with ``breaker`` on its ``command``, on the whole
+        ``scheduler``, or on nothing (``none``)."""
         app = App("flow")
-        command_breaker = BREAKER if on == "command" else None
 
-        @external_command(breaker=command_breaker)
+        @external_command(breaker=breaker if on == "command" else None)
         async def charge(ctx: CommandContext) -> None:
             self.calls[ctx.idempotency_key] += 1
             if not self.up:
@@ -46,9 +48,9 @@ class Downstream:
                 raise Retryable("the payment service is down")
             self.done[ctx.idempotency_key] += 1
 
-        @app.scheduler(name="charges", topic="invoices", selection=Selection("due", type="due"),
-                       commands=[charge], retry=RETRY, max_in_flight=4,
-                       breaker=BREAKER if on == "scheduler" else None)
+        @app.scheduler(name=name, topic=topic, selection=Selection("due", type="due"),
+                       commands=[charge], retry=retry, max_in_flight=4, claim_duration_s=claim_duration_s,
+                       breaker=breaker if on == "scheduler" else None)
         async def handle(turn: Turn) -> None:
             await turn.commands.charge()
 
