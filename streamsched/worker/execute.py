@@ -161,7 +161,7 @@ async def execute(s: SchedulerDef, ev: TransitionEvent, st: ClaimState, *, retry
     attempt = first_attempt(st, ev)
     waited_in_place = False
     bounded = Bounded(on_suspend)
-    guarded = flow is not None and flow.active
+    guarded = flow is not None and flow.guards_calls  # (a pause gates the partition loop only)
     while True:
         ctx = CommandContext(idempotency_key=st.identity, fence=st.fence, attempt=attempt,
                              ordinal=st.ordinal, scheduled_ns=ev.due_ns, scheduler=s.name,

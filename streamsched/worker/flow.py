@@ -93,9 +93,15 @@ class FlowControl:
         self._export()
 
     @property
+    def guards_calls(self) -> bool:
+        """Any breaker or rate declared: executions go through the call guard (otherwise they
+        skip it, and every check on them)."""
+        return bool(self.breakers) or bool(self.rates)
+
+    @property
     def active(self) -> bool:
-        """Any breaker declared or a pause watched (otherwise the turn skips every check)."""
-        return bool(self.breakers) or self.watched or bool(self.rates)
+        """The gate may close: a call guard, or a pause watched (else the partition loop never asks)."""
+        return self.guards_calls or self.watched
 
     # --- the pacer ----------------------------------------------------------------------------------
 
