@@ -117,9 +117,10 @@ _TABLE: Final[tuple[tuple[str, MetricType, tuple[str, ...], str], ...]] = (
     # Schedules (ticker)
     ("occurrences_fired", "counter", (), "schedule occurrences fired"),
     ("history_rows", "counter", (), "schedule history rows written"),
+    ("overlap_skipped", "counter", (), "schedule boundaries skipped: the previous run had not resolved"),
     ("late_plans", "counter", (), "fire transactions committed after their planned time"),
     ("undecodable_records", "counter", _K, "records that could not be decoded"),
-    ("schedule_requests_dropped", "counter", _R, "schedule trigger/backfill requests skipped, by reason"),
+    ("schedule_requests_dropped", "counter", _R, "schedule operator requests dropped, by reason"),
     ("feedback_rejected", "counter", (), "schedule feedback refused (not an occurrence the ticker fired)"),
     ("feedback_stale", "counter", (), "schedule feedback for an older version or an unknown schedule"),
     ("schedules_held", "gauge", _P, "schedules held by a ticker partition"),

@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from streamsched.model.overlap import IDLE, Overlap, Running
 from streamsched.model.specs import At, Spec, parse_spec
 
 Policy = Literal["catch_up", "coalesce"]
@@ -27,6 +28,8 @@ class ScheduleStatus(enum.Enum):
     DISABLED = "DISABLED"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
+    PAUSED = "PAUSED"
+    """An operator paused it (``schedule pause``): nothing fires, its catch-up position is kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,9 @@ class Definition:
     timezone: str | None = None
     event_type: str = "due"
     tenant: str = ""
+    overlap: Overlap = "allow"
+    """What a boundary does while the previous run has not resolved (:mod:`streamsched.model.overlap`).
+    Not a field of the Avro record: a header of it (:mod:`streamsched.wire.schedule`)."""
 
     @property
     def schedule_id(self) -> str:
@@ -84,6 +90,8 @@ class State:
     history_seq: int = 0
     fence: int = 0
     revision: int = 0
+    running: Running = IDLE
+    """The overlap policy's tracking (pending run, buffered boundary): a header of the record."""
 
     def to_record(self) -> dict[str, Any]:
         return {"schedule_id": self.schedule_id, "version": self.version,
@@ -106,7 +114,8 @@ class State:
 
 def fresh_state(defn: Definition, now_ns: int, *, fence: int, previous: State | None) -> State:
     """The reset state of a (new, re-enabled or changed) definition: nothing before now is due,
-    except a one-time job's instant, which fires even if it already passed."""
+    except a one-time job's instant, which fires even if it already passed. A paused schedule
+    stays paused (unless the new version disables it)."""
     spec = defn.parsed()
     if isinstance(spec, At):
         anchor = min(now_ns, spec.at_ns - 1)
@@ -115,6 +124,8 @@ def fresh_state(defn: Definition, now_ns: int, *, fence: int, previous: State | 
         anchor = now_ns
         nxt = spec.next_after(now_ns)
     status = ScheduleStatus.ACTIVE if defn.enabled else ScheduleStatus.DISABLED
+    if defn.enabled and previous is not None and previous.status is ScheduleStatus.PAUSED:
+        status = ScheduleStatus.PAUSED  # a new version does not undo an operator's pause
     return State(name=defn.name, schedule_id=defn.schedule_id, version=defn.version, status=status,
                  anchor_ns=anchor, next_planned_ns=nxt if defn.enabled else None,
                  history_seq=previous.history_seq if previous else 0, fence=fence,
@@ -127,7 +138,7 @@ class HistoryRow:
     occurrence: str
     planned_ns: int
     attempt: int
-    state: Literal["RUNNING", "SUCCEEDED", "FAILED"]
+    state: Literal["RUNNING", "SUCCEEDED", "FAILED", "SKIPPED"]
     at_ns: int
     cause_kind: str | None = None
     cause_category: str | None = None
@@ -156,6 +167,10 @@ class HistoryRow:
 
 MANUAL = "manual"
 """``cause_category`` of the ``RUNNING`` history row of a triggered or backfilled occurrence."""
+OVERLAP = "overlap"
+"""``cause_kind`` and ``cause_category`` of a ``SKIPPED`` row: the previous run had not resolved."""
+MAX_REASON = 200
+"""Longest reason a schedule's pause may carry (characters)."""
 MAX_BACKFILL = 10_000
 """Most occurrences one backfill request may ask for, whatever its ``max``."""
 DEFAULT_BACKFILL_MAX = 64
@@ -170,10 +185,14 @@ class Request:
     time it was asked for and never a boundary of the spec (so it is an identity of its own).
     ``backfill``: every boundary of the spec in ``[from_ns, to_ns]`` that the ticker has already
     passed, each with its scheduled identity ``<schedule-id>/<planned-ns>``, at most ``max``.
-    ``version`` is the definition version it was made for; under another version it is dropped.
+    ``pause`` / ``resume``: stop firing the schedule, keeping its catch-up position (its anchor),
+    and start again, firing what the pause missed under the schedule's catch-up policy. They
+    apply to whatever version is current then; ``reason`` says why (a pause only).
+    ``version`` is the definition version it was made for; under another version a trigger or
+    backfill is dropped.
     """
 
-    kind: Literal["trigger", "backfill"]
+    kind: Literal["trigger", "backfill", "pause", "resume"]
     name: str
     version: int
     at_ns: int
@@ -181,11 +200,15 @@ class Request:
     from_ns: int | None = None
     to_ns: int | None = None
     max: int = 0
+    reason: str = ""
 
     def to_record(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "version": self.version, "at_ns": self.at_ns,
-                "request_id": self.request_id, "from_ns": self.from_ns, "to_ns": self.to_ns,
-                "max": self.max}
+        record = {"kind": self.kind, "name": self.name, "version": self.version, "at_ns": self.at_ns,
+                  "request_id": self.request_id, "from_ns": self.from_ns, "to_ns": self.to_ns,
+                  "max": self.max}
+        if self.kind == "pause":
+            record["reason"] = self.reason  # only a pause has one: the other kinds keep their shape
+        return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,12 +235,17 @@ class RequestProgress:
 class ScheduleInfo:
     definition: Definition
     state: State | None
+    pause_reason: str | None = None
+    """The reason of the newest pause request still in the catalog (shown while paused)."""
 
     def as_dict(self) -> dict[str, Any]:
         d, s = self.definition, self.state
+        running = s.running if s else IDLE
         return {"name": d.name, "spec": d.spec, "target": d.target_topic, "version": d.version,
-                "enabled": d.enabled, "policy": d.policy,
+                "enabled": d.enabled, "policy": d.policy, "overlap": d.overlap,
+                "running_ns": running.pending_ns, "buffered_ns": running.buffered_ns,
                 "status": s.status.value if s else ("ACTIVE" if d.enabled else "DISABLED"),
                 "next_planned_ns": s.next_planned_ns if s else None,
                 "last_fired_ns": s.last_fired_ns if s else None,
-                "fired": s.fired if s else 0, "skipped": s.skipped if s else 0}
+                "fired": s.fired if s else 0, "skipped": s.skipped if s else 0,
+                "pause_reason": self.pause_reason if s and s.status is ScheduleStatus.PAUSED else None}

@@ -6,7 +6,7 @@ arrive) and by its own ticks once they commit (:meth:`ScheduleBook.adopt`): it n
 state that Kafka does not.
 
 Undecodable records are never dropped silently: each is counted
-(``undecodable_records{kind=definition|request|state|progress}``) and logged in one line
+(``undecodable_records{kind=definition|request|state|progress|running}``) and logged in one line
 (partition and offset, never the bytes). A corrupt schedule *state* never resets its schedule:
 
 * if a good state of the schedule precedes it in the log, that last good state is kept, with the
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from streamsched.errors import DecodeError, InvalidSpec
 from streamsched.kafka.protocols import ConsumerRecord
@@ -33,11 +34,13 @@ from streamsched.metrics import Metrics
 from streamsched.model.schedule import Definition, RequestProgress, State
 from streamsched.schedules.requests import Entry, Requests
 from streamsched.wire.schedule import (
-    DEFINITION_CODEC,
     PROGRESS_HEADER,
+    RUNNING_HEADER,
     STATE_CODEC,
+    decode_definition,
     decode_progress,
     decode_request,
+    decode_running,
     header,
     request_name,
     written_for,
@@ -99,7 +102,7 @@ class ScheduleBook:
             self.defs.pop(key, None)
             return
         try:
-            defn = Definition.from_record(DEFINITION_CODEC.decode(rec.value))
+            defn = decode_definition(rec.value, rec.headers)
             defn.parsed()
         except (*UNDECODABLE, InvalidSpec):
             undecodable(self.metrics, "definition", rec)  # the previous definition (if any) stays
@@ -138,9 +141,20 @@ class ScheduleBook:
             undecodable(self.metrics, "state", rec)
             self._corrupt[key] = written_for(rec.headers)  # the last good state of ``key`` (if any) stays
             return
-        self.states[key] = st
+        self.states[key] = self._read_running(st, rec)
         self._corrupt.pop(key, None)
         self._progress[key] = self._read_progress(rec)
+
+    def _read_running(self, st: State, rec: ConsumerRecord) -> State:
+        raw = header(rec.headers, RUNNING_HEADER)
+        if raw is None:
+            return st
+        try:
+            return replace(st, running=decode_running(raw))
+        except DecodeError:
+            # Nothing is taken as pending: at worst one boundary fires beside an unresolved run.
+            undecodable(self.metrics, "running", rec)
+            return st
 
     def _read_progress(self, rec: ConsumerRecord) -> tuple[RequestProgress, ...]:
         raw = header(rec.headers, PROGRESS_HEADER)

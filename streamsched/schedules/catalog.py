@@ -18,12 +18,8 @@ schedule: partition ownership plus the ticker's fenced transactional producer is
 topic, which the schedule's ticker applies (:mod:`streamsched.schedules.requests`): the catalog
 never writes state or history itself, so nothing races the ticker that owns them.
 
-Reads never drop a record silently (defect 4h): a record whose key or value does not decode, or
-whose definition no longer parses, is skipped, counted in the result's ``skipped_corrupt``
-(:class:`Listing`, :class:`Latest`) and reported in one warning line per read that names the
-topic, the count and the first offending partition and offset, never the bytes. The rule for a
-key whose newest record is unreadable matches the ticker's: its last readable record stands. A
-skipped record stays counted until compaction removes it, even after a newer good one.
+Reads never drop a record silently: each unreadable one is counted and reported
+(:mod:`streamsched.schedules.listing`).
 """
 
 from __future__ import annotations
@@ -33,18 +29,20 @@ import builtins
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from streamsched.errors import BoundExceeded, ConfigError, DecodeError, InvalidSpec, StreamschedError
+from streamsched.errors import BoundExceeded, ConfigError, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.kafka.reads import read_topic
 from streamsched.kafka.writer import partition_for_key
 from streamsched.model.jsonval import json_dumps, json_loads
 from streamsched.model.limits import MAX_HISTORY_ROWS, MAX_PAYLOAD_BYTES
 from streamsched.model.names import internal_topic, validate_name
+from streamsched.model.overlap import Overlap, check_overlap
 from streamsched.model.schedule import (
     DEFAULT_BACKFILL_MAX,
     Definition,
@@ -56,11 +54,12 @@ from streamsched.model.schedule import (
 )
 from streamsched.model.specs import parse_spec
 from streamsched.schedules import manual
+from streamsched.schedules.listing import UNREADABLE, Latest, Listing, Skips, read_definition, read_state
 from streamsched.wire.schedule import (
     DEFINITION_CODEC,
     HISTORY_CODEC,
-    STATE_CODEC,
     decode_request,
+    definition_headers,
     encode_request,
     request_key,
     request_name,
@@ -68,59 +67,13 @@ from streamsched.wire.schedule import (
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 _V = TypeVar("_V")
-# What an unreadable record raises: the codec (DecodeError), from_record on a record of another
-# shape (KeyError, ValueError, TypeError; UnicodeDecodeError for a key is a ValueError) and a
-# definition whose spec no longer parses (InvalidSpec), which the ticker does not run either.
-_UNREADABLE = (DecodeError, KeyError, ValueError, TypeError, InvalidSpec)
+Write = tuple[str, bytes | None, Sequence[tuple[str, bytes]] | None]
+"""A record of the definitions topic to write: key, value (None: a tombstone), headers."""
 
 
-class Listing(list[_T]):
-    """The rows a catalog read returns, plus ``skipped_corrupt``: how many records it could not
-    decode and skipped. A ``list``, so callers that only iterate keep working."""
-
-    def __init__(self, items: Iterable[_T] = (), *, skipped_corrupt: int = 0) -> None:
-        super().__init__(items)
-        self.skipped_corrupt = skipped_corrupt
-
-
-class Latest(dict[str, _V]):
-    """The latest readable value per key of a compacted topic, plus ``skipped_corrupt``."""
-
-    def __init__(self, items: dict[str, _V] | None = None, *, skipped_corrupt: int = 0) -> None:
-        super().__init__(items or {})
-        self.skipped_corrupt = skipped_corrupt
-
-
-class _Skips:
-    """Counts the unreadable records of one read and logs them in one line (no payload)."""
-
-    def __init__(self, topic: str) -> None:
-        self.topic = topic
-        self.count = 0
-        self.first: tuple[int, int] | None = None
-
-    def add(self, rec: Any) -> None:
-        self.count += 1
-        if self.first is None:
-            self.first = (rec.partition, rec.offset)
-
-    def report(self) -> int:
-        if self.first is not None:
-            log.warning("%d unreadable records skipped in %s (first at partition %d offset %d)",
-                        self.count, self.topic, *self.first)
-        return self.count
-
-
-def _definition(value: bytes) -> Definition:
-    defn = Definition.from_record(DEFINITION_CODEC.decode(value))
-    defn.parsed()
-    return defn
-
-
-def _state(value: bytes) -> State:
-    return State.from_record(STATE_CODEC.decode(value))
+def _encoded(defn: Definition) -> Write:
+    return defn.name, DEFINITION_CODEC.encode(defn.to_record()), definition_headers(defn)
 
 
 class Catalog:
@@ -181,12 +134,12 @@ class Catalog:
 
     # --- reads ----------------------------------------------------------------------------------
 
-    async def _latest(self, topic: str, decode: Callable[[bytes], _V],
+    async def _latest(self, topic: str, decode: Callable[[ConsumerRecord], _V],
                       requests: dict[str, manual.Stored] | None = None) -> Latest[_V]:
         """The latest readable record per key of a compacted topic (tombstones delete); request
         records of the definitions topic go to ``requests`` (or are passed over)."""
         out: Latest[_V] = Latest()
-        skips = _Skips(topic)
+        skips = Skips(topic)
         for rec in await read_topic(self.bootstrap, topic):
             try:
                 key = rec.key.decode() if rec.key else ""
@@ -202,23 +155,27 @@ class Catalog:
                 if rec.value is None:
                     out.pop(key, None)
                     continue
-                out[key] = decode(rec.value)
-            except _UNREADABLE:
+                out[key] = decode(rec)
+            except UNREADABLE:
                 skips.add(rec)  # the key's previous readable record (if any) stands
         out.skipped_corrupt = skips.report()
         return out
 
     async def definitions(self) -> Latest[Definition]:
-        return await self._latest(self.definitions_topic, _definition)
+        return await self._latest(self.definitions_topic, read_definition)
 
     async def states(self) -> Latest[State]:
-        return await self._latest(self.state_topic, _state)
+        return await self._latest(self.state_topic, read_state)
 
     async def list(self) -> Listing[ScheduleInfo]:
-        """Every schedule with its state, by name; ``skipped_corrupt`` counts the definition and
-        state records that could not be read."""
-        defs, states = await self.definitions(), await self.states()
-        return Listing((ScheduleInfo(d, states.get(n)) for n, d in sorted(defs.items())),
+        """Every schedule with its state, by name (a paused one with its newest pause's reason);
+        ``skipped_corrupt`` counts the definition and state records that could not be read."""
+        requests: dict[str, manual.Stored] = {}
+        defs = await self._latest(self.definitions_topic, read_definition, requests)
+        states = await self.states()
+        reasons = {r.request.name: r.request.reason
+                   for r in sorted(requests.values(), key=lambda r: r.offset) if r.request.kind == "pause"}
+        return Listing((ScheduleInfo(d, states.get(n), reasons.get(n)) for n, d in sorted(defs.items())),
                        skipped_corrupt=defs.skipped_corrupt + states.skipped_corrupt)
 
     async def history(self, name: str, *, limit: int = MAX_HISTORY_ROWS) -> Listing[HistoryRow]:
@@ -227,13 +184,13 @@ class Catalog:
         validate_name(name, "schedule")
         rows: dict[bytes, tuple[int, HistoryRow]] = {}
         prefix = f"{name}/".encode()
-        skips = _Skips(self.history_topic)
+        skips = Skips(self.history_topic)
         for rec in await read_topic(self.bootstrap, self.history_topic):
             if not rec.key or not rec.key.startswith(prefix) or rec.value is None:
                 continue
             try:
                 row = HistoryRow.from_record(HISTORY_CODEC.decode(rec.value))
-            except _UNREADABLE:
+            except UNREADABLE:
                 skips.add(rec)
                 continue
             rows[rec.key] = (rec.offset, row)
@@ -242,12 +199,9 @@ class Catalog:
 
     # --- writes ---------------------------------------------------------------------------------
 
-    async def _write(self, name: str, value: bytes | None) -> None:
-        await self._write_many([(name, value)])
-
-    async def _write_many(self, records: builtins.list[tuple[str, bytes | None]]) -> None:
-        """Write ``records`` (key, value) to the definitions topic, each on its schedule's
-        partition: a request's is its schedule's, whatever its own key hashes to."""
+    async def _write_many(self, records: builtins.list[Write]) -> None:
+        """Write ``records`` (key, value, headers) to the definitions topic, each on its
+        schedule's partition: a request's is its schedule's, whatever its own key hashes to."""
         if not records:
             return
         producer = clients.producer(self.bootstrap)
@@ -256,21 +210,24 @@ class Catalog:
             # The topic's own partition count, not the one this client was told: a command that
             # names a catalog (rm, trigger, ...) must find the partition its ticker reads.
             n = len(await producer.partitions_for(self.definitions_topic) or ()) or self.partitions
-            futures = [await producer.send(self.definitions_topic, value, key=name.encode(),
+            futures = [await producer.send(self.definitions_topic, value, key=name.encode(), headers=headers,
                                            partition=partition_for_key((request_name(name) or name).encode(),
                                                                        n))
-                       for name, value in records]
+                       for name, value, headers in records]
             await asyncio.gather(*futures)
         finally:
             await producer.stop()
 
     async def schedule(self, name: str, spec: str, target: str, payload: object = None, *,
                        event_type: str = "due", tenant: str = "", policy: Policy = "catch_up",
-                       timezone: str | None = None, enabled: bool = True) -> Definition:
-        """Create or replace the schedule ``name`` (upsert); a change advances its version."""
+                       timezone: str | None = None, enabled: bool = True,
+                       overlap: Overlap = "allow") -> Definition:
+        """Create or replace the schedule ``name`` (upsert); a change advances its version.
+        ``overlap``: what a boundary does while the previous run has not resolved
+        (:mod:`streamsched.model.overlap`)."""
         [defn] = await self.schedule_many([dict(name=name, spec=spec, target=target, payload=payload,
                                                 event_type=event_type, tenant=tenant, policy=policy,
-                                                timezone=timezone, enabled=enabled)])
+                                                timezone=timezone, enabled=enabled, overlap=overlap)])
         return defn
 
     async def schedule_many(self, items: Iterable[dict[str, Any]]) -> builtins.list[Definition]:
@@ -285,20 +242,20 @@ class Catalog:
                                                     created_ns=defn.created_ns) == defn
             planned.append((old if unchanged and old is not None else defn, not unchanged))
             current[defn.name] = planned[-1][0]
-        changed: builtins.list[tuple[str, bytes | None]] = [
-            (d.name, DEFINITION_CODEC.encode(d.to_record())) for d, new in planned if new]
+        changed = [_encoded(d) for d, new in planned if new]
         await self._write_many(changed)
         return [d for d, _ in planned]
 
     def _definition(self, current: Definition | None, *, name: str, spec: str, target: str,
                     payload: object = None, event_type: str = "due", tenant: str = "",
                     policy: Policy = "catch_up", timezone: str | None = None,
-                    enabled: bool = True) -> Definition:
+                    enabled: bool = True, overlap: str = "allow") -> Definition:
         validate_name(name, "schedule")
         validate_name(target, "topic")
         validate_name(event_type, "event type")
         if policy not in ("catch_up", "coalesce"):
             raise ConfigError(f"policy must be 'catch_up' or 'coalesce', not {policy!r}")
+        checked = check_overlap(overlap)
         parse_spec(spec, timezone=timezone)  # InvalidSpec with the reason
         body = payload if isinstance(payload, bytes) else json_dumps({} if payload is None else payload)
         json_loads(body)
@@ -307,16 +264,16 @@ class Catalog:
         return Definition(name=name, spec=spec, target_topic=target, payload=body,
                           version=(current.version + 1) if current else 1, enabled=enabled,
                           policy=policy, created_ns=time.time_ns(), timezone=timezone,
-                          event_type=event_type, tenant=tenant)
+                          event_type=event_type, tenant=tenant, overlap=checked)
 
     async def unschedule(self, name: str) -> bool:
         """Delete ``name`` and its requests; True if it existed. Its ticker stops firing it."""
         validate_name(name, "schedule")
         requests: dict[str, manual.Stored] = {}
-        if name not in await self._latest(self.definitions_topic, _definition, requests):
+        if name not in await self._latest(self.definitions_topic, read_definition, requests):
             return False
         doomed = [name] + [k for k, r in requests.items() if r.request.name == name]
-        await self._write_many([(k, None) for k in doomed])
+        await self._write_many([(k, None, None) for k in doomed])
         return True
 
     # --- requests (applied by the schedule's ticker) ----------------------------------------------
@@ -326,7 +283,7 @@ class Catalog:
         by 1 ns if it is a boundary of the spec, so it never is a scheduled occurrence)."""
         validate_name(name, "schedule")
         requests: dict[str, manual.Stored] = {}
-        defs = await self._latest(self.definitions_topic, _definition, requests)
+        defs = await self._latest(self.definitions_topic, read_definition, requests)
         req, receipt = manual.trigger(self._existing(defs, name), at_ns)
         await self._request(req, defs, requests)
         return receipt
@@ -341,8 +298,27 @@ class Catalog:
         validate_name(name, "schedule")
         manual.check_window(from_ns, to_ns, max, time.time_ns() if now_ns is None else now_ns)
         requests: dict[str, manual.Stored] = {}
-        defs = await self._latest(self.definitions_topic, _definition, requests)
+        defs = await self._latest(self.definitions_topic, read_definition, requests)
         req, receipt = manual.backfill(self._existing(defs, name), from_ns, to_ns, max, dry_run=dry_run)
+        if req is not None:
+            await self._request(req, defs, requests)
+        return receipt
+
+    async def pause(self, name: str, *, reason: str = "") -> manual.Receipt:
+        """Stop firing ``name``, keeping its catch-up position; its ticker applies it. Pausing a
+        paused schedule writes nothing (the receipt's request is None)."""
+        return await self._hold(name, pause=True, reason=reason)
+
+    async def resume(self, name: str) -> manual.Receipt:
+        """Fire ``name`` again: what its pause missed fires under its catch-up policy."""
+        return await self._hold(name, pause=False)
+
+    async def _hold(self, name: str, *, pause: bool, reason: str = "") -> manual.Receipt:
+        validate_name(name, "schedule")
+        requests: dict[str, manual.Stored] = {}
+        defs = await self._latest(self.definitions_topic, read_definition, requests)
+        defn = self._existing(defs, name)
+        req, receipt = manual.hold(defn, (await self.states()).get(name), pause=pause, reason=reason)
         if req is not None:
             await self._request(req, defs, requests)
         return receipt
@@ -367,8 +343,8 @@ class Catalog:
                 stale = manual.stale(defs, requests, applied)
             except (KafkaError, StreamschedError, OSError, TimeoutError):  # clean-up is optional
                 log.debug("could not read the applied request offsets; no clean-up", exc_info=True)
-        await self._write_many([(request_key(req.name, req.request_id), encode_request(req))]
-                               + [(k, None) for k in stale])
+        await self._write_many([(request_key(req.name, req.request_id), encode_request(req), None)]
+                               + [(k, None, None) for k in stale])
 
     async def _applied_offsets(self, partitions: set[int]) -> dict[int, int]:
         """The ticker group's committed offset per definitions partition (requests below it are
@@ -392,7 +368,7 @@ class Catalog:
         if current is None:
             return False
         defn = replace(current, enabled=enabled, version=current.version + 1, created_ns=time.time_ns())
-        await self._write(name, DEFINITION_CODEC.encode(defn.to_record()))
+        await self._write_many([_encoded(defn)])
         return True
 
     async def enable(self, name: str) -> bool:

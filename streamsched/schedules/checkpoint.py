@@ -65,6 +65,8 @@ class TickCheckpoint:
         self.history: list[tuple[str, HistoryRow]] = []
         self.events: list[tuple[str, bytes, bytes]] = []
         """(topic, value, key) of each occurrence."""
+        self.skipped_by_overlap = 0
+        """Boundaries this transaction skips because the run before them had not resolved."""
 
     @property
     def fired(self) -> int:
@@ -134,7 +136,7 @@ class TickCheckpoint:
                     writer.add(cat.state_topic, None, key=name.encode(), partition=p)
                     continue
                 writer.add(cat.state_topic, STATE_CODEC.encode_trusted(st.to_record()), key=name.encode(),
-                           partition=p, headers=state_headers(st.version, progress.get(name, ())))
+                           partition=p, headers=state_headers(st.version, progress.get(name, ()), st.running))
             for slot, row in self.history:
                 writer.add(cat.history_topic, HISTORY_CODEC.encode_trusted(row.to_record()),
                            key=slot.encode(), partition=p)

@@ -2,7 +2,8 @@
 
 A target worker reports every attempt at an occurrence on the catalog's feedback topic (a
 :class:`~streamsched.model.schedule.HistoryRow`, written in the worker's own transaction). The
-ticker records each as a history row, ends a one-time job on its terminal result, and commits
+ticker records each as a history row, ends a one-time job on its terminal result, lets the
+overlap policy know the run resolved (:func:`~streamsched.model.overlap.resolved`), and commits
 the feedback offset it consumed in the same transaction as those writes.
 
 Feedback is trusted only for occurrences this ticker fired (:func:`fired_by_us`): anyone who can
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from streamsched.kafka import clients
 from streamsched.kafka.protocols import PartitionKey, ReadConsumer
 from streamsched.metrics import Metrics
+from streamsched.model.overlap import resolved
 from streamsched.model.schedule import Definition, HistoryRow, ScheduleStatus, State
 from streamsched.model.specs import At
 from streamsched.schedules.book import UNDECODABLE, ScheduleBook, undecodable
@@ -145,6 +148,8 @@ def record_feedback(book: ScheduleBook, ckpt: TickCheckpoint, reports: list[Repo
             rejected.append(report)
             continue
         st = ckpt.record(st, row)
+        if row.planned_ns not in manual:  # the run resolved: a boundary held behind it may fire
+            st = dataclasses.replace(st, running=resolved(st.running, row.planned_ns))
         one_time = isinstance(defn.parsed(), At)
         if one_time and st.status is ScheduleStatus.ACTIVE and row.planned_ns not in manual:
             if row.state == "SUCCEEDED":

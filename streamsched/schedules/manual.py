@@ -1,5 +1,5 @@
-"""The client side of operator requests: what ``Catalog.trigger`` and ``Catalog.backfill`` ask
-for, the bounds they check first, and which applied requests the next write deletes.
+"""The client side of operator requests: what ``Catalog.trigger``, ``backfill``, ``pause`` and
+``resume`` ask for, the bounds they check first, and which applied requests the next write deletes.
 
 Pure: :class:`~streamsched.schedules.catalog.Catalog` reads the definitions topic and the
 ticker group's committed offsets, and writes what is decided here. The ticker's side is
@@ -12,10 +12,10 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from streamsched.errors import BoundExceeded, ConfigError
-from streamsched.model.schedule import MAX_BACKFILL, Definition, Request
+from streamsched.model.schedule import MAX_BACKFILL, MAX_REASON, Definition, Request, ScheduleStatus, State
 from streamsched.model.specs import At
 
 KEEP_REQUESTS = 16
@@ -93,6 +93,26 @@ def backfill(defn: Definition, from_ns: int, to_ns: int, max: int, *,
         return None, Receipt(defn.name, defn.schedule_id, "backfill", None, occurrences, count)
     req = Request("backfill", defn.name, defn.version, time.time_ns(), uuid.uuid4().hex, from_ns, to_ns, max)
     return req, Receipt(defn.name, defn.schedule_id, "backfill", req.request_id, occurrences, count)
+
+
+def hold(defn: Definition, state: State | None, *, pause: bool,
+         reason: str = "") -> tuple[Request | None, Receipt]:
+    """A pause (``pause``) or resume request of ``defn``; None (nothing to write) when it already
+    is so. :class:`ConfigError` for a schedule that is not active (pause) or not paused (resume)."""
+    kind: Literal["pause", "resume"] = "pause" if pause else "resume"
+    status = state.status if state is not None else (
+        ScheduleStatus.ACTIVE if defn.enabled else ScheduleStatus.DISABLED)
+    wanted = ScheduleStatus.PAUSED if pause else ScheduleStatus.ACTIVE
+    if status is wanted:
+        return None, Receipt(defn.name, defn.schedule_id, kind, None)
+    if pause and status is not ScheduleStatus.ACTIVE:
+        raise ConfigError(f"schedule {defn.name!r} is {status.value}: only an active schedule can be paused")
+    if not pause and status is not ScheduleStatus.PAUSED:
+        raise ConfigError(f"schedule {defn.name!r} is {status.value}, not paused")
+    safe = "".join(c if c.isprintable() else "?" for c in reason)[:MAX_REASON]
+    req = Request(kind, defn.name, defn.version, time.time_ns(), uuid.uuid4().hex,
+                  reason=safe if pause else "")
+    return req, Receipt(defn.name, defn.schedule_id, kind, req.request_id)
 
 
 def stale(defs: Mapping[str, Definition], requests: Mapping[str, Stored],

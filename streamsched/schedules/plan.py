@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 
-from streamsched.model.schedule import Definition, HistoryRow, ScheduleStatus, fresh_state
+from streamsched.model.overlap import admit, release
+from streamsched.model.schedule import OVERLAP, Definition, HistoryRow, ScheduleStatus, State, fresh_state
 from streamsched.model.specs import At, plan_catch_up
 from streamsched.schedules.checkpoint import TickCheckpoint
 
@@ -35,27 +36,51 @@ def reset(defs: Mapping[str, Definition], ckpt: TickCheckpoint) -> None:
 
 async def fire_due(defs: Mapping[str, Definition], ckpt: TickCheckpoint, *, limit: int,
                    writable: Callable[[str], Awaitable[bool]]) -> None:
-    """Fire each active schedule's boundaries due by the tick's time under its catch-up policy and
-    advance it, until the transaction holds ``limit`` occurrences (the rest fire next tick). A
+    """Fire each active schedule's boundaries due by the tick's time under its catch-up and
+    overlap policies and advance it, until the transaction holds ``limit`` occurrences (the rest
+    fire next tick). A boundary its overlap policy held fires once the run before it resolved. A
     schedule whose target cannot be written waits, unchanged (:mod:`streamsched.schedules.targets`)."""
     now = ckpt.now
     for name, st in list(ckpt.states.items()):
-        if (st.status is not ScheduleStatus.ACTIVE or st.next_planned_ns is None
-                or st.next_planned_ns > now or ckpt.fired >= limit):
+        if st.status is not ScheduleStatus.ACTIVE or ckpt.fired >= limit:
+            continue
+        due = st.next_planned_ns is not None and st.next_planned_ns <= now
+        held, running = release(st.running)
+        if not due and held is None:
             continue
         defn = defs[name]
         if not await writable(defn.target_topic):
             continue
-        plan = plan_catch_up(defn.parsed(), st.anchor_ns, now, policy=defn.policy)
-        for planned in plan.fire:
-            ckpt.fire(defn, planned)
-            st = ckpt.record(st, HistoryRow(defn.schedule_id, f"{defn.schedule_id}/{planned}", planned, 1,
-                                            "RUNNING", now))
-        st = st.advanced(anchor_ns=plan.fire[-1] if plan.fire else max(st.anchor_ns, now),
-                         next_planned_ns=plan.next_planned_ns,
-                         last_fired_ns=plan.fire[-1] if plan.fire else st.last_fired_ns,
-                         fired=st.fired + len(plan.fire), skipped=st.skipped + plan.skipped,
-                         fence=ckpt.fence)
+        fired = [held] if held is not None else []
+        skipped = 0
+        anchor, upcoming = st.anchor_ns, st.next_planned_ns
+        if held is not None:
+            st = _fire(ckpt, defn, st, held)
+        if due:
+            plan = plan_catch_up(defn.parsed(), st.anchor_ns, now, policy=defn.policy)
+            admitted = admit(defn.overlap, running, plan.fire)
+            for planned in admitted.fire:
+                st = _fire(ckpt, defn, st, planned)
+            if admitted.row is not None:
+                st = ckpt.record(st, HistoryRow(defn.schedule_id, f"{defn.schedule_id}/{admitted.row}",
+                                                admitted.row, 0, "SKIPPED", now, OVERLAP, OVERLAP))
+            fired += admitted.fire
+            skipped = plan.skipped + len(admitted.skipped)
+            ckpt.skipped_by_overlap += len(admitted.skipped)
+            running = admitted.running
+            # Past every due boundary, whether it fired, waits in the buffer or was skipped.
+            anchor = plan.fire[-1] if plan.fire else max(st.anchor_ns, now)
+            upcoming = plan.next_planned_ns
+        last = max([*fired, *([st.last_fired_ns] if st.last_fired_ns is not None else [])], default=None)
         if isinstance(defn.parsed(), At):
-            st = st.advanced(next_planned_ns=None)
-        ckpt.put(st)
+            upcoming = None  # a one-time job has no next boundary once it fired
+        ckpt.put(st.advanced(anchor_ns=anchor, next_planned_ns=upcoming, last_fired_ns=last,
+                             fired=st.fired + len(fired), skipped=st.skipped + skipped,
+                             running=running, fence=ckpt.fence))
+
+
+def _fire(ckpt: TickCheckpoint, defn: Definition, st: State, planned: int) -> State:
+    """Write the occurrence of ``defn`` planned at ``planned`` and its ``RUNNING`` history row."""
+    ckpt.fire(defn, planned)
+    return ckpt.record(st, HistoryRow(defn.schedule_id, f"{defn.schedule_id}/{planned}", planned, 1,
+                                      "RUNNING", ckpt.now))

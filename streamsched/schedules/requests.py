@@ -1,4 +1,4 @@
-"""The operator requests (trigger, backfill) one catalog partition's ticker knows of.
+"""The operator requests (trigger, backfill, pause, resume) one catalog partition's ticker knows of.
 
 Requests are records of the definitions topic (key ``<name>\\x00request/<id>``,
 :mod:`streamsched.wire.schedule`), written by whoever may write the catalog; the ticker never
@@ -30,7 +30,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from streamsched.metrics import Metrics
-from streamsched.model.schedule import MANUAL, Definition, HistoryRow, Request, RequestProgress, State
+from streamsched.model.schedule import (
+    MANUAL,
+    Definition,
+    HistoryRow,
+    Request,
+    RequestProgress,
+    ScheduleStatus,
+    State,
+)
 from streamsched.model.specs import At
 from streamsched.wire.schedule import MAX_PROGRESS
 
@@ -110,11 +118,16 @@ class Requests:
 
 
 def problem(req: Request, defn: Definition | None, st: State | None, held: bool) -> str | None:
-    """Why ``req`` cannot be applied (it is then dropped; a metric reason), or None."""
+    """Why ``req`` cannot be applied (it is then dropped; a metric reason), or None. A pause or
+    resume applies to whatever version is current."""
     if defn is None or st is None:
         return "no_schedule"
     if held:
         return "held"
+    if req.kind == "pause":
+        return None if st.status in (ScheduleStatus.ACTIVE, ScheduleStatus.PAUSED) else "not_active"
+    if req.kind == "resume":
+        return None if st.status is ScheduleStatus.PAUSED else "not_paused"
     if req.version != defn.version or st.version != defn.version:
         return "stale_version"
     if req.kind == "trigger" and is_boundary(defn, req.at_ns):
@@ -173,6 +186,14 @@ async def apply_pending(requests: Requests, defs: Mapping[str, Definition], stat
             updates[key] = replace(entry, applied=True)
             continue
         assert defn is not None and st is not None
+        if req.kind in ("pause", "resume"):
+            # Fires nothing: the anchor stays where it is, so a resume catches up from there.
+            status = ScheduleStatus.PAUSED if req.kind == "pause" else ScheduleStatus.ACTIVE
+            if st.status is not status:
+                b.put(st.advanced(status=status, fence=b.fence))
+            log.info("schedule %r %sd (request %s)", req.name, req.kind, req.request_id)
+            updates[key] = replace(entry, applied=True)
+            continue
         if b.fired >= b.limit:
             b.more = True
             break

@@ -178,3 +178,5 @@ class PartitionTicker:
             ctx.metrics.observe("commit_after_planned_seconds", (ctx.clock() - ckpt.now) / 1e9)
         ctx.metrics.inc("occurrences_fired", ckpt.fired)
         ctx.metrics.inc("history_rows", len(ckpt.history))
+        if ckpt.skipped_by_overlap:
+            ctx.metrics.inc("overlap_skipped", ckpt.skipped_by_overlap)

@@ -20,22 +20,25 @@ by the key alone. Its value is canonical JSON (sorted keys), checked field by fi
 
 A state record's headers (:func:`state_headers`) say what its Avro body cannot without a new
 schema, which records already written could not be read with: the definition version it was
-written for (:data:`VERSION_HEADER`) and how far the ticker got with the schedule's operator
-requests (:data:`PROGRESS_HEADER`, canonical JSON checked by :func:`decode_progress`).
+written for (:data:`VERSION_HEADER`), how far the ticker got with the schedule's operator
+requests (:data:`PROGRESS_HEADER`, canonical JSON checked by :func:`decode_progress`) and what
+its overlap policy tracks (:data:`RUNNING_HEADER`, :func:`decode_running`). A definition's
+overlap policy is likewise a header of its record (:data:`OVERLAP_HEADER`; absent: ``allow``).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from streamsched.errors import DecodeError, InvalidName
 from streamsched.model.instants import MAX_BOUNDARY_NS, MIN_BOUNDARY_NS
 from streamsched.model.jsonval import json_dumps, json_loads
 from streamsched.model.names import internal_topic, validate_name
-from streamsched.model.schedule import MAX_BACKFILL, Definition, Request, RequestProgress
+from streamsched.model.overlap import IDLE, OVERLAPS, Overlap, Running
+from streamsched.model.schedule import MAX_BACKFILL, MAX_REASON, Definition, Request, RequestProgress
 from streamsched.wire.avro import AvroCodec
 
 DEFINITION_CODEC = AvroCodec("schedule_definition")
@@ -60,6 +63,11 @@ there is none."""
 MAX_PROGRESS: Final = 64
 """Most request progress entries one state carries (the newest requests are kept)."""
 _PROGRESS_FIELDS: Final = frozenset(("done", "done_to", "fired"))
+RUNNING_HEADER: Final = "ss-running"
+"""State record header: the overlap policy's tracking (:func:`encode_running`); absent when idle."""
+_RUNNING_FIELDS: Final = frozenset(("pending", "buffered", "skips"))
+OVERLAP_HEADER: Final = "ss-overlap"
+"""Definition record header: its overlap policy when not ``allow`` (``skip``, ``buffer_one``)."""
 
 
 def occurrence_origin(catalog: str, defn: Definition, planned_ns: int) -> str:
@@ -150,10 +158,13 @@ def _int(doc: dict[str, object], field: str, low: int, high: int, *, what: str =
 def decode_request(key: str, value: bytes) -> Request:
     """The request stored under ``key``; :class:`DecodeError` naming the first bad field."""
     doc = json_loads(value)
-    if not isinstance(doc, dict) or set(doc) != _REQUEST_FIELDS:
+    if not isinstance(doc, dict):
         raise DecodeError("request: fields")
-    kind, name, request_id = doc["kind"], doc["name"], doc["request_id"]
-    if kind not in ("trigger", "backfill"):
+    kind = doc.get("kind")
+    if set(doc) != (_REQUEST_FIELDS | {"reason"} if kind == "pause" else _REQUEST_FIELDS):
+        raise DecodeError("request: fields")
+    name, request_id = doc["name"], doc["request_id"]
+    if kind not in ("trigger", "backfill", "pause", "resume"):
         raise DecodeError("request: kind")
     if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
         raise DecodeError("request: request_id")
@@ -165,10 +176,13 @@ def decode_request(key: str, value: bytes) -> Request:
         raise DecodeError("request: name") from None
     version = _int(doc, "version", 1, _INT64_MAX)
     at_ns = _int(doc, "at_ns", MIN_BOUNDARY_NS, MAX_BOUNDARY_NS)
-    if kind == "trigger":
+    if kind != "backfill":
         if doc["from_ns"] is not None or doc["to_ns"] is not None or doc["max"] != 0:
-            raise DecodeError("request: a trigger has no window")
-        return Request("trigger", name, version, at_ns, request_id)
+            raise DecodeError(f"request: a {kind} has no window")
+        reason = doc.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > MAX_REASON:
+            raise DecodeError("request: reason")
+        return Request(kind, name, version, at_ns, request_id, reason=reason)
     from_ns = _int(doc, "from_ns", MIN_BOUNDARY_NS, MAX_BOUNDARY_NS)
     to_ns = _int(doc, "to_ns", from_ns, MAX_BOUNDARY_NS)
     return Request("backfill", name, version, at_ns, request_id, from_ns, to_ns,
@@ -198,12 +212,49 @@ def decode_progress(value: bytes) -> tuple[RequestProgress, ...]:
     return tuple(out)
 
 
-def state_headers(version: int, progress: Sequence[RequestProgress] = ()) -> list[tuple[str, bytes]]:
+def encode_running(running: Running) -> bytes:
+    """``{"buffered": ..., "pending": ..., "skips": ...}`` as canonical JSON."""
+    return json_dumps({"pending": running.pending_ns, "buffered": running.buffered_ns,
+                       "skips": running.skips})
+
+
+def decode_running(value: bytes) -> Running:
+    """What :func:`encode_running` wrote; :class:`DecodeError` naming the first bad part."""
+    doc = json_loads(value)
+    if not isinstance(doc, dict) or set(doc) != _RUNNING_FIELDS:
+        raise DecodeError("running: fields")
+    pending, buffered = (None if doc[f] is None
+                         else _int(doc, f, MIN_BOUNDARY_NS, MAX_BOUNDARY_NS, what="running")
+                         for f in ("pending", "buffered"))
+    return Running(pending, buffered, _int(doc, "skips", 0, _INT64_MAX, what="running"))
+
+
+def state_headers(version: int, progress: Sequence[RequestProgress] = (),
+                  running: Running = IDLE) -> list[tuple[str, bytes]]:
     """The headers of a state record written for definition ``version`` (module docs)."""
     headers = [(VERSION_HEADER, str(version).encode())]
     if progress:
         headers.append((PROGRESS_HEADER, encode_progress(progress)))
+    if not running.idle:
+        headers.append((RUNNING_HEADER, encode_running(running)))
     return headers
+
+
+def definition_headers(defn: Definition) -> list[tuple[str, bytes]] | None:
+    """The headers of ``defn``'s record: its overlap policy unless it is ``allow``."""
+    return None if defn.overlap == "allow" else [(OVERLAP_HEADER, defn.overlap.encode())]
+
+
+def overlap_of(headers: Sequence[tuple[str, bytes]] | None) -> Overlap:
+    """The overlap policy a definition record's headers name; :class:`DecodeError` for one that
+    is not known (the ticker then keeps the previous definition, as for any unreadable one)."""
+    value = header(headers, OVERLAP_HEADER)
+    if value is None:
+        return "allow"
+    text = value.decode("utf-8", "replace")
+    if text not in OVERLAPS:
+        raise DecodeError("definition: overlap")
+    return text  # type: ignore[return-value]  # one of the Literal's values, checked above
 
 
 def header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> bytes | None:
@@ -224,3 +275,11 @@ def written_for(headers: Sequence[tuple[str, bytes]] | None) -> int | None:
         return int(value.decode())
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def decode_definition(value: bytes, headers: Sequence[tuple[str, bytes]] | None) -> Definition:
+    """The definition a record of the definitions topic holds, its overlap policy included;
+    :class:`DecodeError` (or the model's ``KeyError``/``ValueError``) when it does not read."""
+    defn = Definition.from_record(DEFINITION_CODEC.decode(value))
+    overlap = overlap_of(headers)
+    return defn if overlap == "allow" else replace(defn, overlap=overlap)

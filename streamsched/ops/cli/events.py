@@ -75,6 +75,19 @@ def _fmt_ns(ns: int | None) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _overlap_note(row: dict[str, Any]) -> str:
+    """The list's last column: the overlap policy, the run it waits on and a held boundary, and a
+    paused schedule's reason."""
+    parts = [row["overlap"]]
+    if row["running_ns"] is not None:
+        parts.append(f"waits on {_fmt_ns(row['running_ns'])}")
+    if row["buffered_ns"] is not None:
+        parts.append(f"holds {_fmt_ns(row['buffered_ns'])}")
+    if row["pause_reason"]:
+        parts.append(f"paused: {row['pause_reason']}")
+    return ", ".join(parts)
+
+
 def _name(args: argparse.Namespace) -> str:
     if not args.name:
         raise ConfigError(f"schedule {args.action} needs the schedule's name")
@@ -116,7 +129,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             payload = json.loads(args.payload) if args.payload else None
             d = await catalog.schedule(args.name, args.spec, args.target, payload,
                                        event_type=args.type, tenant=args.tenant,
-                                       policy=args.policy, timezone=args.timezone)
+                                       policy=args.policy, timezone=args.timezone, overlap=args.overlap)
             show(args, {"name": d.name, "version": d.version, "schedule_id": d.schedule_id})
             return 0
         if args.action in ("rm", "enable", "disable"):
@@ -131,11 +144,13 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             if args.output == "json":
                 print(json.dumps([i.as_dict() for i in infos]))
                 return 0
-            print(f"{'name':<24} {'spec':<20} {'status':<10} {'next planned (UTC)':<28} fired skipped")
+            print(f"{'name':<24} {'spec':<20} {'status':<10} {'next planned (UTC)':<28} "
+                  "fired skipped  overlap")
             for i in infos:
                 row = i.as_dict()
                 print(f"{row['name']:<24} {row['spec']:<20} {row['status']:<10} "
-                      f"{_fmt_ns(row['next_planned_ns']):<28} {row['fired']:>5} {row['skipped']:>7}")
+                      f"{_fmt_ns(row['next_planned_ns']):<28} {row['fired']:>5} {row['skipped']:>7}  "
+                      f"{_overlap_note(row)}")
             return 0
         if args.action == "history":
             rows = await catalog.history(args.name)
@@ -153,6 +168,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 kind = r.manual or ("trigger" if r.occurrence in triggered else None)
                 tag = f"  [{kind}]" if kind else ""
                 print(f"{_fmt_ns(r.at_ns)}  {r.occurrence:<40} attempt {r.attempt}  {r.state}{cause}{tag}")
+            return 0
+        if args.action in ("pause", "resume"):
+            hold = catalog.pause(args.name, reason=args.reason) if args.action == "pause" \
+                else catalog.resume(args.name)
+            show(args, (await hold).as_dict())
             return 0
         if args.action == "trigger":
             show(args, (await catalog.trigger(_name(args))).as_dict())

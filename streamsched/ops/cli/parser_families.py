@@ -41,6 +41,16 @@ missed boundaries (--policy), after downtime:
   Skipped boundaries never fire and get no history row; `schedule list` counts them.
   Example, D = 100: catch_up fires the 1st-64th and the 100th, skips 35;
   coalesce fires the 100th, skips 99. One run fires at most 65 occurrences per schedule.
+  A resumed schedule (`schedule resume`) fires what its pause missed by the same rule.
+
+a boundary while the previous run has not resolved (--overlap):
+  allow       fires it anyway (the default).
+  skip        does not fire it: counted as skipped, the first of each run in the history as
+              SKIPPED.
+  buffer_one  holds the first such boundary and fires it once the run resolves; later ones are
+              skipped as under skip.
+  A run resolves when its target worker reports its outcome (streamsched workers do);
+  manual runs neither wait nor are waited for.
 """
 
 _MANUAL_EPILOG = """\
@@ -162,8 +172,8 @@ def _timezone_fits(args: argparse.Namespace) -> str | None:
 
 
 def add_schedule(sub: Any) -> None:
-    fam = family(sub, "schedule", "durable schedules: add, rm, enable, disable, list, history, "
-                 "trigger, backfill, tick")
+    fam = family(sub, "schedule", "durable schedules: add, rm, enable, disable, pause, resume, list, "
+                 "history, trigger, backfill, tick")
     a = command(fam, "add", "add a schedule, or replace the one of that name", cmd_schedule,
                 epilog=_SCHEDULE_EPILOG)
     a.add_argument("name", metavar="NAME", help="schedule name")
@@ -175,6 +185,8 @@ def add_schedule(sub: Any) -> None:
     a.add_argument("--tenant", default="", help="tenant of the occurrences (default empty)")
     a.add_argument("--policy", choices=["catch_up", "coalesce"], default="catch_up",
                    help="what fires after downtime (see below)")
+    a.add_argument("--overlap", choices=["allow", "skip", "buffer_one"], default="allow",
+                   help="what a boundary does while the previous run has not resolved (see below)")
     a.add_argument("--timezone", default=None, metavar="ZONE", help="IANA zone of a cron spec (default: UTC)")
     a.checks.append(_timezone_fits)
     add_output(a, default="json", json_alias=None)
@@ -183,9 +195,16 @@ def add_schedule(sub: Any) -> None:
                        ("enable", "enable a schedule (exit 1 if there is none)"),
                        ("disable", "disable a schedule: nothing fires until enabled (exit 1 if there is "
                                    "none)"),
-                       ("trigger", "one run now, an occurrence of its own (applied by the ticker)")):
+                       ("trigger", "one run now, an occurrence of its own (applied by the ticker)"),
+                       ("pause", "stop firing a schedule, keeping its catch-up position (applied by the "
+                                 "ticker)"),
+                       ("resume", "fire a paused schedule again: what the pause missed fires under its "
+                                  "policy")):
         p = command(fam, name, text, cmd_schedule, epilog=_MANUAL_EPILOG if name == "trigger" else None)
         p.add_argument("name", metavar="NAME", help="schedule name")
+        if name == "pause":
+            p.add_argument("--reason", default="", metavar="TEXT",
+                           help="why (kept with the request, shown by `schedule list`; 200 characters)")
         add_output(p, default="json", json_alias=None)
         _catalog(p)
     ls = command(fam, "list", "every schedule: spec, status, next planned time, fired and skipped counts",
