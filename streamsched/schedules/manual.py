@@ -98,10 +98,12 @@ def backfill(defn: Definition, from_ns: int, to_ns: int, max: int, *,
 def hold(defn: Definition, state: State | None, *, pause: bool,
          reason: str = "") -> tuple[Request | None, Receipt]:
     """A pause (``pause``) or resume request of ``defn``; None (nothing to write) when it already
-    is so. :class:`ConfigError` for a schedule that is not active (pause) or not paused (resume)."""
+    is paused (or active). :class:`ConfigError` for a schedule that is disabled or ended."""
     kind: Literal["pause", "resume"] = "pause" if pause else "resume"
-    status = state.status if state is not None else (
-        ScheduleStatus.ACTIVE if defn.enabled else ScheduleStatus.DISABLED)
+    if not defn.enabled:
+        status = ScheduleStatus.DISABLED  # whatever its state says until the ticker resets it
+    else:
+        status = state.status if state is not None else ScheduleStatus.ACTIVE
     wanted = ScheduleStatus.PAUSED if pause else ScheduleStatus.ACTIVE
     if status is wanted:
         return None, Receipt(defn.name, defn.schedule_id, kind, None)

@@ -297,8 +297,14 @@ async def test_pages_show_real_counts_and_actions_need_a_token(
         pages["identity"] = await (await http.get(url)).text()
         assert '<td id="outcome">FAILED</td>' in pages["identity"]
         pages["history"] = await (await http.get(f"{console.url}/schedules/{scene.catalog}/nightly")).text()
-        # Disable the schedule: refused without the token, done with it.
+        # Pause the schedule (a request its ticker applies), then disable it: each refused without
+        # the token, done with it.
         csrf = http.cookie_jar.filter_cookies(URL(console.url))[CSRF_COOKIE].value
+        assert 'name="op" value="pause"' in pages["/schedules"]
+        paused = {"csrf": csrf, "catalog": scene.catalog, "name": "nightly", "op": "pause", "reason": "audit"}
+        assert (await http.post(console.url + "/actions/schedule", data=paused)).status == 403
+        done = await http.post(console.url + "/actions/schedule", data={**paused, "token": TOKEN})
+        assert done.status == 200 and "schedule nightly: pause requested (request " in await done.text()
         form = {"csrf": csrf, "catalog": scene.catalog, "name": "nightly", "op": "disable"}
         assert (await http.post(console.url + "/actions/schedule", data=form)).status == 403
         done = await http.post(console.url + "/actions/schedule", data={**form, "token": TOKEN})
@@ -312,6 +318,7 @@ async def test_pages_show_real_counts_and_actions_need_a_token(
         assert_no_markers(pages | {"listing": listing})
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "name=nightly by console: disabled" in logged and TOKEN not in logged
+    assert "schedule pause catalog=" in logged
 
 
 def _pause_of(html: str, scheduler: str) -> tuple[str, str]:

@@ -38,7 +38,7 @@ missed boundaries (--policy), after downtime:
             D <= 65: all D fire, none skipped; D > 65: 65 fire, the D - 65 between the
             64th and the latest are skipped.
   coalesce  fires only the latest; D - 1 are skipped.
-  Skipped boundaries never fire and get no history row; `schedule list` counts them.
+  Boundaries skipped here never fire and get no history row; `schedule list` counts them.
   Example, D = 100: catch_up fires the 1st-64th and the 100th, skips 35;
   coalesce fires the 100th, skips 99. One run fires at most 65 occurrences per schedule.
   A resumed schedule (`schedule resume`) fires what its pause missed by the same rule.

@@ -1,4 +1,4 @@
-"""The console's actions: re-drive an identity, enable or disable a schedule, replay a
+"""The console's actions: re-drive an identity, enable, disable, pause or resume a schedule, replay a
 scheduler's dead letters, pause or resume a scheduler. Each is a POST form that must carry the
 page's CSRF token and a bearer token (the form's token field or an ``Authorization: Bearer``
 header); without ``--allow-actions`` every one is refused (403) and the pages show no buttons.
@@ -79,14 +79,22 @@ def add_routes(app: web.Application, render: Render) -> None:
         catalog_name, name, op = _field(form, "catalog"), _field(form, "name"), _field(form, "op")
         if catalog_name not in state.config.catalogs:
             raise ConfigError("not a catalog of this console")
-        if op not in ("enable", "disable"):
-            raise ConfigError("op must be enable or disable")
+        if op not in ("enable", "disable", "pause", "resume"):
+            raise ConfigError("op must be enable, disable, pause or resume")
         validate_name(name, "schedule")
         catalog = await views.catalog_of(state.config.bootstrap, catalog_name)
         if catalog is None:
             raise ConfigError(f"catalog {catalog_name} has no topics on this cluster")
-        found = await (catalog.enable(name) if op == "enable" else catalog.disable(name))
-        result = f"{op}d" if found else "no such schedule"
+        if op in ("pause", "resume"):
+            # A schedule that is not there, disabled or ended is a ConfigError: one line, 400.
+            receipt = await (catalog.pause(name, reason=_field(form, "reason", MAX_REASON)) if op == "pause"
+                             else catalog.resume(name))
+            found = True
+            done = receipt.request_id
+            result = f"{op} requested (request {done})" if done else f"{op}d already"
+        else:
+            found = await (catalog.enable(name) if op == "enable" else catalog.disable(name))
+            result = f"{op}d" if found else "no such schedule"
         log.info("console action schedule %s catalog=%s name=%s by %s: %s", op, catalog_name, name, who,
                  result)
         return render(request, "result.html", status=200 if found else 404, title=f"Schedule {op}",

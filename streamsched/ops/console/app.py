@@ -137,7 +137,8 @@ async def schedules_page(request: web.Request) -> web.Response:
             catalogs.append(await views.catalog_view(state.config.bootstrap, name))
         except Exception as exc:  # noqa: BLE001 - the other catalogs still show
             errors.append(f"catalog {name}: {safe_error(exc)}")
-    return render(request, "schedules.html", views=catalogs, errors=errors, cap=views.MAX_SCHEDULES)
+    return render(request, "schedules.html", views=catalogs, errors=errors, cap=views.MAX_SCHEDULES,
+                  max_reason=actions.MAX_REASON)
 
 
 async def history_page(request: web.Request) -> web.Response:

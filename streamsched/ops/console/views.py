@@ -122,13 +122,18 @@ class ScheduleRow:
     last_fired_ns: int | None
     fired: int
     skipped: int
+    overlap: str
+    running_ns: int | None
+    pause_reason: str | None
 
     @classmethod
     def of(cls, info: ScheduleInfo) -> ScheduleRow:
         d = info.as_dict()
+        reason = d["pause_reason"]
         return cls(str(d["name"]), safe_text(str(d["spec"]), 80), str(d["target"]), str(d["status"]),
                    bool(d["enabled"]), int(d["version"]), d["next_planned_ns"], d["last_fired_ns"],
-                   int(d["fired"]), int(d["skipped"]))
+                   int(d["fired"]), int(d["skipped"]), str(d["overlap"]), d["running_ns"],
+                   safe_text(reason, 200) if reason else None)
 
 
 @dataclass(frozen=True)
