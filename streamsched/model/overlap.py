@@ -16,7 +16,9 @@ terminal result (the catalog's feedback, :mod:`streamsched.schedules.feedback`):
 Only the schedule's own boundaries count: a manual trigger or backfill neither waits for nor
 holds back a scheduled run. A run is unresolved until its terminal result is reported; a retry
 in backoff is still running. A target that never reports (no streamsched worker consumes it)
-leaves a ``skip`` schedule waiting after its first run: such schedules keep ``allow``.
+leaves a ``skip`` schedule waiting after its first run: such schedules keep ``allow``. A run
+that will never report (cancelled by an operator, or its report dropped) is let go by pausing
+and resuming the schedule: a resume forgets what was tracked (:data:`IDLE`).
 """
 
 from __future__ import annotations
@@ -96,10 +98,14 @@ def admit(policy: Overlap, running: Running, due: Sequence[int]) -> Admitted:
 
 def resolved(running: Running, planned_ns: int) -> Running:
     """``running`` once the occurrence planned at ``planned_ns`` reported its terminal result:
-    if it is the pending run, nothing is pending any more (a buffered boundary may fire)."""
-    if running.pending_ns != planned_ns:
-        return running
-    return replace(running, pending_ns=None, skips=0)
+    if it is the pending run, nothing is pending any more (a buffered boundary may fire); if it
+    is the buffered boundary (a backfill ran it meanwhile), nothing is held any more: released
+    later, it would resolve from its stored outcome without reporting, and be waited on forever."""
+    if running.pending_ns == planned_ns:
+        return replace(running, pending_ns=None, skips=0)
+    if running.buffered_ns == planned_ns:
+        return replace(running, buffered_ns=None)
+    return running
 
 
 def release(running: Running) -> tuple[int | None, Running]:

@@ -151,7 +151,8 @@ def record_feedback(book: ScheduleBook, ckpt: TickCheckpoint, reports: list[Repo
         if row.planned_ns not in manual:  # the run resolved: a boundary held behind it may fire
             st = dataclasses.replace(st, running=resolved(st.running, row.planned_ns))
         one_time = isinstance(defn.parsed(), At)
-        if one_time and st.status is ScheduleStatus.ACTIVE and row.planned_ns not in manual:
+        live = st.status in (ScheduleStatus.ACTIVE, ScheduleStatus.PAUSED)  # maybe paused after it fired
+        if one_time and live and row.planned_ns not in manual:
             if row.state == "SUCCEEDED":
                 st = st.advanced(status=ScheduleStatus.COMPLETED)
             elif row.state == "FAILED":

@@ -19,8 +19,8 @@ from streamsched.model.schedule import MAX_BACKFILL, MAX_REASON, Definition, Req
 from streamsched.model.specs import At
 
 KEEP_REQUESTS = 16
-"""Applied requests kept per schedule (the ticker trusts feedback for the triggers among them);
-older ones are deleted by the next request's write."""
+"""Applied requests of each kind kept per schedule (the ticker trusts feedback for the triggers
+among them); older ones are deleted by the next request's write."""
 
 
 class BackfillTooLarge(BoundExceeded):
@@ -120,16 +120,23 @@ def hold(defn: Definition, state: State | None, *, pause: bool,
 def stale(defs: Mapping[str, Definition], requests: Mapping[str, Stored],
           applied: Mapping[int, int]) -> list[str]:
     """Keys of the requests to delete: applied (below their partition's ``applied`` offset) and
-    either for a schedule or version that is gone, or older than the newest
-    :data:`KEEP_REQUESTS` applied ones of their schedule. A pending request is never deleted."""
+    either for a schedule that is gone, a trigger or backfill of a version that is gone, or older
+    than the newest :data:`KEEP_REQUESTS` applied ones of their schedule and kind. A pending
+    request is never deleted."""
     out: list[str] = []
-    kept: dict[str, int] = {}
+    kept: dict[tuple[str, str], int] = {}
     for key, r in sorted(requests.items(), key=lambda kv: -kv[1].offset):  # newest first
         if r.offset >= applied.get(r.partition, 0):
             continue
-        name = r.request.name
-        defn = defs.get(name)
-        kept[name] = kept.get(name, 0) + 1
-        if defn is None or defn.version != r.request.version or kept[name] > KEEP_REQUESTS:
+        req = r.request
+        defn = defs.get(req.name)
+        # Counted per kind: pauses and resumes never push out the triggers the ticker trusts
+        # feedback for. They hold for whatever version is current, so a new version keeps them
+        # (a paused schedule's reason with them).
+        kind = (req.name, req.kind)
+        kept[kind] = kept.get(kind, 0) + 1
+        stale_version = req.kind in ("trigger", "backfill") and defn is not None and \
+            defn.version != req.version
+        if defn is None or stale_version or kept[kind] > KEEP_REQUESTS:
             out.append(key)
     return out

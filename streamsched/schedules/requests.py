@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from streamsched.metrics import Metrics
+from streamsched.model.overlap import IDLE
 from streamsched.model.schedule import (
     MANUAL,
     Definition,
@@ -190,7 +191,10 @@ async def apply_pending(requests: Requests, defs: Mapping[str, Definition], stat
             # Fires nothing: the anchor stays where it is, so a resume catches up from there.
             status = ScheduleStatus.PAUSED if req.kind == "pause" else ScheduleStatus.ACTIVE
             if st.status is not status:
-                b.put(st.advanced(status=status, fence=b.fence))
+                # A resume lets go of the run the overlap policy waited on (and the held boundary):
+                # the operator's way out when a run will never report (module docs of model.overlap).
+                running = IDLE if req.kind == "resume" else st.running
+                b.put(st.advanced(status=status, running=running, fence=b.fence))
             log.info("schedule %r %sd (request %s)", req.name, req.kind, req.request_id)
             updates[key] = replace(entry, applied=True)
             continue

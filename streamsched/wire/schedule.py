@@ -180,7 +180,7 @@ def decode_request(key: str, value: bytes) -> Request:
         if doc["from_ns"] is not None or doc["to_ns"] is not None or doc["max"] != 0:
             raise DecodeError(f"request: a {kind} has no window")
         reason = doc.get("reason", "")
-        if not isinstance(reason, str) or len(reason) > MAX_REASON:
+        if not isinstance(reason, str) or len(reason) > MAX_REASON or not reason.isprintable():
             raise DecodeError("request: reason")
         return Request(kind, name, version, at_ns, request_id, reason=reason)
     from_ns = _int(doc, "from_ns", MIN_BOUNDARY_NS, MAX_BOUNDARY_NS)

@@ -171,3 +171,58 @@ async def test_allow_and_manual_runs_never_wait() -> None:
     result(rig, "other", at)  # and its result resolves nothing of the schedule's own
     await pt.tick()
     assert durable(rig, "other").running.pending_ns == T0 + MINUTE
+
+
+async def test_a_held_boundary_a_backfill_ran_is_let_go_and_a_resume_forgets_a_silent_run() -> None:
+    rig = Rig()
+    pt = await rig.start()
+    define(rig, "every", "buffer_one")
+    await pt.tick()
+    rig.clock.now = T0 + 2 * MINUTE + S
+    await pt.tick()  # 1m fires, 2m is held
+    assert durable(rig, "every").running == Running(T0 + MINUTE, T0 + 2 * MINUTE, 0)
+    # An operator backfills the held boundary and it runs: released later, it would resolve from
+    # its stored outcome without a report, and the schedule would wait on it for ever.
+    request(rig, Request("backfill", "every", 1, T0, "e" * 32, T0 + 2 * MINUTE, T0 + 2 * MINUTE, 1))
+    await pt.tick()
+    result(rig, "every", T0 + 2 * MINUTE)
+    await pt.tick()
+    assert durable(rig, "every").running == Running(pending_ns=T0 + MINUTE)
+    # The run at 1m never reports (cancelled, say): pause and resume let go of it.
+    request(rig, hold("pause", "f" * 32))
+    request(rig, hold("resume", "0" * 32))
+    await pt.tick()
+    assert durable(rig, "every").running == Running()
+    rig.clock.now = T0 + 3 * MINUTE + S
+    await pt.tick()
+    assert due(rig, "every") == [T0 + MINUTE, T0 + 2 * MINUTE, T0 + 3 * MINUTE]
+
+
+async def test_a_one_time_job_paused_after_it_fired_still_ends_with_its_result() -> None:
+    from datetime import UTC, datetime
+
+    rig = Rig()
+    pt = await rig.start()
+    at = T0 + 30 * S
+    rig.define("once", f"@at {datetime.fromtimestamp(at // S, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}")
+    await pt.tick()
+    rig.clock.now = at + S
+    await pt.tick()
+    request(rig, hold("pause", "a" * 32, name="once"))
+    await pt.tick()
+    assert durable(rig, "once").status is ScheduleStatus.PAUSED
+    result(rig, "once", at)
+    await pt.tick()
+    assert durable(rig, "once").status is ScheduleStatus.COMPLETED
+
+
+def test_pauses_never_push_out_the_triggers_kept_for_feedback_and_outlive_a_new_version() -> None:
+    from streamsched.schedules import manual
+
+    defn = Definition(name="every", spec="@every 1m", target_topic=TARGET, payload=b"{}", version=2,
+                      enabled=True, policy="catch_up", created_ns=T0)
+    stored = {f"t{i}": manual.Stored(0, i, Request("trigger", "every", 2, T0 + i, f"{i:032x}"))
+              for i in range(manual.KEEP_REQUESTS)}
+    stored |= {f"p{i}": manual.Stored(0, 100 + i, hold("pause", f"{100 + i:032x}"))
+               for i in range(manual.KEEP_REQUESTS + 2)}  # written for version 1
+    assert sorted(manual.stale({"every": defn}, stored, {0: 1000})) == ["p0", "p1"]

@@ -100,3 +100,9 @@ def test_the_appended_enum_symbols_encode_and_the_old_ones_keep_their_bytes() ->
 def _symbols(codec: str, field: str) -> list[str]:
     [f] = [f for f in parsed_schema(codec)["fields"] if f["name"] == field]
     return list(f["type"]["symbols"])
+
+
+def test_a_pause_reason_with_control_characters_is_refused() -> None:
+    doc = json.loads(encode_request(Request("pause", "job", 1, 10**18, RID, reason="ok")))
+    with pytest.raises(DecodeError, match="request: reason"):
+        decode_request(request_key("job", RID), json.dumps(doc | {"reason": "\x1b[2Jgone"}).encode())
