@@ -3,6 +3,8 @@ carries no plaintext input (the same path dead-letters a record as kind "bound")
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,8 @@ from streamsched.errors import StreamschedError
 from streamsched.model.identity import IdentityParts, IdentityResolver, business_identity, route_key
 
 pytestmark = pytest.mark.fuzz
+FUZZ_EXAMPLES = int(os.environ.get("STREAMSCHED_FUZZ_EXAMPLES", "4000"))
+"""Examples per run: 4,000 keeps the suite within its time budget; a deeper run sets more."""
 MARK = "Zq7SECRET"
 RESOLVE = IdentityResolver("fuzz", "fuzz.topic", "due", "run")
 anything = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.binary(max_size=40),
@@ -22,7 +26,7 @@ targets = st.one_of(st.lists(st.one_of(texts, anything), max_size=12).map(tuple)
 dues = st.one_of(st.integers(min_value=-(2**70), max_value=2**70), anything)
 
 
-@settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(due=dues, tenant=st.one_of(texts, anything), target=targets)
 def test_identity_resolution_is_total(due: object, tenant: object, target: object) -> None:
     marked = MARK + tenant if isinstance(tenant, str) else tenant

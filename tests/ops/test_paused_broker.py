@@ -16,6 +16,7 @@ and the black-box audit) is the fault matrix's: tests/faults/test_fault_brokers.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import signal
 import time
@@ -55,9 +56,15 @@ async def slow_fence_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncI
     # deadline ends it. (With the default, the clients stop asking the paused broker after one
     # timeout, and a transaction that begins a few seconds into the pause finishes on the
     # coordinator that took over: nothing is stuck, the deadline is not needed.)
-    async with LocalCluster(data_dir=tmp_path_factory.mktemp("slowfence"), nodes=3,
-                            extra_config={"broker.session.timeout.ms": "60000"}) as cluster:
+    cluster = LocalCluster(data_dir=tmp_path_factory.mktemp("slowfence"), nodes=3,
+                           extra_config={"broker.session.timeout.ms": "60000"})
+    await asyncio.to_thread(cluster.start)
+    try:
         yield cluster
+    finally:
+        # Its controlled shutdowns wait on the long session timeout (20 s measured); the data is
+        # thrown away, so a node gets 3 s before SIGKILL.
+        await asyncio.to_thread(cluster.stop, timeout=3)
 
 
 async def _leaders(bootstrap: str, topic: str, **options: Any) -> dict[int, int]:
