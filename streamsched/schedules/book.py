@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 
 from streamsched.errors import DecodeError, InvalidSpec
 from streamsched.kafka.protocols import ConsumerRecord
@@ -35,14 +34,13 @@ from streamsched.model.schedule import Definition, RequestProgress, State
 from streamsched.schedules.requests import Entry, Requests
 from streamsched.wire.schedule import (
     PROGRESS_HEADER,
-    RUNNING_HEADER,
     STATE_CODEC,
     decode_definition,
     decode_progress,
     decode_request,
-    decode_running,
     header,
     request_name,
+    with_running,
     written_for,
 )
 
@@ -146,11 +144,8 @@ class ScheduleBook:
         self._progress[key] = self._read_progress(rec)
 
     def _read_running(self, st: State, rec: ConsumerRecord) -> State:
-        raw = header(rec.headers, RUNNING_HEADER)
-        if raw is None:
-            return st
         try:
-            return replace(st, running=decode_running(raw))
+            return with_running(st, rec.headers)
         except DecodeError:
             # Nothing is taken as pending: at worst one boundary fires beside an unresolved run.
             undecodable(self.metrics, "running", rec)

@@ -11,7 +11,6 @@ skipped record stays counted until compaction removes it, even after a newer goo
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import TypeVar
@@ -19,7 +18,7 @@ from typing import TypeVar
 from streamsched.errors import DecodeError, InvalidSpec
 from streamsched.kafka.protocols import ConsumerRecord
 from streamsched.model.schedule import Definition, State
-from streamsched.wire.schedule import RUNNING_HEADER, STATE_CODEC, decode_definition, decode_running, header
+from streamsched.wire.schedule import STATE_CODEC, decode_definition, with_running
 
 log = logging.getLogger("streamsched.schedules.catalog")
 
@@ -82,10 +81,7 @@ def read_state(rec: ConsumerRecord) -> State:
     an unreadable header only hides that (the ticker counts it)."""
     assert rec.value is not None
     st = State.from_record(STATE_CODEC.decode(rec.value))
-    raw = header(rec.headers, RUNNING_HEADER)
-    if raw is None:
-        return st
     try:
-        return dataclasses.replace(st, running=decode_running(raw))
+        return with_running(st, rec.headers)
     except DecodeError:
         return st

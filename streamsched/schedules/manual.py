@@ -17,6 +17,7 @@ from typing import Any, Literal
 from streamsched.errors import BoundExceeded, ConfigError
 from streamsched.model.schedule import MAX_BACKFILL, MAX_REASON, Definition, Request, ScheduleStatus, State
 from streamsched.model.specs import At
+from streamsched.wire.control import printable
 
 KEEP_REQUESTS = 16
 """Applied requests of each kind kept per schedule (the ticker trusts feedback for the triggers
@@ -111,9 +112,8 @@ def hold(defn: Definition, state: State | None, *, pause: bool,
         raise ConfigError(f"schedule {defn.name!r} is {status.value}: only an active schedule can be paused")
     if not pause and status is not ScheduleStatus.PAUSED:
         raise ConfigError(f"schedule {defn.name!r} is {status.value}, not paused")
-    safe = "".join(c if c.isprintable() else "?" for c in reason)[:MAX_REASON]
     req = Request(kind, defn.name, defn.version, time.time_ns(), uuid.uuid4().hex,
-                  reason=safe if pause else "")
+                  reason=printable(reason, MAX_REASON) if pause else "")
     return req, Receipt(defn.name, defn.schedule_id, kind, req.request_id)
 
 

@@ -71,7 +71,7 @@ async def fire_due(defs: Mapping[str, Definition], ckpt: TickCheckpoint, *, limi
             # Past every due boundary, whether it fired, waits in the buffer or was skipped.
             anchor = plan.fire[-1] if plan.fire else max(st.anchor_ns, now)
             upcoming = plan.next_planned_ns
-        last = max([*fired, *([st.last_fired_ns] if st.last_fired_ns is not None else [])], default=None)
+        last = max((t for t in (*fired, st.last_fired_ns) if t is not None), default=None)
         if isinstance(defn.parsed(), At):
             upcoming = None  # a one-time job has no next boundary once it fired
         ckpt.put(st.advanced(anchor_ns=anchor, next_planned_ns=upcoming, last_fired_ns=last,

@@ -46,6 +46,7 @@ __all__ = [
     "RedriveRequest",
     "control_kind",
     "decode_request",
+    "printable",
     "redrive_headers",
 ]
 
@@ -64,7 +65,9 @@ _MAX_REQUEST_BYTES = 2048
 Header = tuple[str, bytes]
 
 
-def _safe(text: str, limit: int) -> str:
+def printable(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, each unprintable one replaced by '?': what an
+    operator's reason or a principal may show in a log line or a terminal."""
     return "".join(c if c.isprintable() else "?" for c in text)[:limit]
 
 
@@ -90,8 +93,8 @@ class RedriveRequest:
             force: bool = False, action: str = "redrive") -> RedriveRequest:
         if action not in _ACTIONS.values() or (force and action != "redrive"):
             raise ValueError("a control request is a redrive (maybe forced) or a cancel")
-        return cls(identity, revision, _safe(principal, MAX_PRINCIPAL), at_ns, _safe(reason, MAX_REASON),
-                   force, uuid.uuid4().hex, action)
+        return cls(identity, revision, printable(principal, MAX_PRINCIPAL), at_ns,
+                   printable(reason, MAX_REASON), force, uuid.uuid4().hex, action)
 
     def encode(self) -> bytes:
         return json_dumps({"v": 1, "identity": self.identity, "revision": self.revision,
@@ -143,8 +146,8 @@ def decode_request(headers: Iterable[Header] | None) -> RedriveRequest:
         raise DecodeError("control: malformed re-drive request")
     if force and action != "redrive":
         raise DecodeError("control: a forced cancel")
-    return RedriveRequest(identity, revision, _safe(principal, MAX_PRINCIPAL), at_ns,
-                          _safe(reason, MAX_REASON), force, _safe(request, 64), action)
+    return RedriveRequest(identity, revision, printable(principal, MAX_PRINCIPAL), at_ns,
+                          printable(reason, MAX_REASON), force, printable(request, 64), action)
 
 
 @dataclass(frozen=True, slots=True)

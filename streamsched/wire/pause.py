@@ -18,16 +18,12 @@ from dataclasses import dataclass
 
 from streamsched.errors import DecodeError
 from streamsched.model.jsonval import Bad, json_dumps, json_parse
-from streamsched.wire.control import MAX_PRINCIPAL, MAX_REASON
+from streamsched.wire.control import MAX_PRINCIPAL, MAX_REASON, printable
 
 __all__ = ["MAX_PAUSE_BYTES", "PauseRecord"]
 
 MAX_PAUSE_BYTES = 2048
 """Largest pause record accepted (a larger one is undecodable)."""
-
-
-def _safe(text: str, limit: int) -> str:
-    return "".join(c if c.isprintable() else "?" for c in text)[:limit]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +38,7 @@ class PauseRecord:
 
     @classmethod
     def new(cls, paused: bool, *, principal: str, at_ns: int, reason: str = "") -> PauseRecord:
-        return cls(paused, _safe(principal, MAX_PRINCIPAL), at_ns, _safe(reason, MAX_REASON),
+        return cls(paused, printable(principal, MAX_PRINCIPAL), at_ns, printable(reason, MAX_REASON),
                    uuid.uuid4().hex)
 
     @property
@@ -69,8 +65,8 @@ class PauseRecord:
             raise DecodeError("pause: record without a time")
         if not (isinstance(principal, str) and isinstance(reason, str) and isinstance(request, str)):
             raise DecodeError("pause: malformed record")
-        return cls(paused, _safe(principal, MAX_PRINCIPAL), at_ns, _safe(reason, MAX_REASON),
-                   _safe(request, 64))
+        return cls(paused, printable(principal, MAX_PRINCIPAL), at_ns, printable(reason, MAX_REASON),
+                   printable(request, 64))
 
     def to_dict(self) -> dict[str, object]:
         return {"paused": self.paused, "principal": self.principal, "at_ns": self.at_ns,

@@ -38,7 +38,7 @@ from streamsched.model.instants import MAX_BOUNDARY_NS, MIN_BOUNDARY_NS
 from streamsched.model.jsonval import json_dumps, json_loads
 from streamsched.model.names import internal_topic, validate_name
 from streamsched.model.overlap import IDLE, OVERLAPS, Overlap, Running
-from streamsched.model.schedule import MAX_BACKFILL, MAX_REASON, Definition, Request, RequestProgress
+from streamsched.model.schedule import MAX_BACKFILL, MAX_REASON, Definition, Request, RequestProgress, State
 from streamsched.wire.avro import AvroCodec
 
 DEFINITION_CODEC = AvroCodec("schedule_definition")
@@ -227,6 +227,13 @@ def decode_running(value: bytes) -> Running:
                          else _int(doc, f, MIN_BOUNDARY_NS, MAX_BOUNDARY_NS, what="running")
                          for f in ("pending", "buffered"))
     return Running(pending, buffered, _int(doc, "skips", 0, _INT64_MAX, what="running"))
+
+
+def with_running(st: State, headers: Sequence[tuple[str, bytes]] | None) -> State:
+    """``st`` with what its record's :data:`RUNNING_HEADER` says the overlap policy tracks (idle
+    without one); :class:`DecodeError` for a header that does not read."""
+    raw = header(headers, RUNNING_HEADER)
+    return st if raw is None else replace(st, running=decode_running(raw))
 
 
 def state_headers(version: int, progress: Sequence[RequestProgress] = (),

@@ -104,7 +104,10 @@ class BreakerMachine(RuleBasedStateMachine):
 
     @rule()
     def call_begins(self) -> None:
-        was_open = self.b.state is BreakerState.OPEN and self.now < self.b.reopens_at(self.now)
+        # Asked after the breaker has seen the time (reopens_at moves it on): open at its
+        # boundary would read OPEN before and HALF_OPEN after, and the call may then begin.
+        self.b.reopens_at(self.now)
+        was_open = self.b.state is BreakerState.OPEN
         try:
             self.running.append(self.b.begin(self.now))
         except BreakerOpen:
