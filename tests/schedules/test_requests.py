@@ -18,12 +18,11 @@ from typing import Any
 
 import pytest
 
-from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.schedules.catalog import Catalog
 from streamsched.schedules.manual import BackfillTooLarge
 from streamsched.testing import ROOT
-from streamsched.worker.intake import Worker, WorkerConfig
-from tests.schedules.test_schedules import Clock, occurrences, same_partition, ticking, until
+from streamsched.worker.intake import Worker
+from tests.schedules.test_schedules import Clock, counting_target, occurrences, same_partition, ticking, until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.schedules]
 S = 10**9
@@ -38,30 +37,16 @@ async def catalog(bootstrap: str, unique: Callable[[str], str]) -> Catalog:
 
 async def test_trigger_and_backfill_run_each_identity_once(catalog: Catalog, make_topic, unique) -> None:
     target = await make_topic("jobs")
-    app = App("t")
-    name = unique("s").replace("-", "_")
-    effects: Counter[str] = Counter()
-
-    @external_command()
-    async def run_job(ctx: CommandContext, *, occurrence: str) -> None:
-        effects[occurrence] += 1
-
-    @app.scheduler(name=name, topic=target, selection=Selection("due", type="due"), commands=[run_job],
-                   claim_duration_s=5)
-    async def handle(turn: Turn) -> None:
-        await turn.commands.run_job(occurrence=turn.event.event_id)
-
-    worker = Worker(app.schedulers[name], WorkerConfig(bootstrap=catalog.bootstrap))
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
     t0 = (time.time_ns() // S - 120) * S
     clock = Clock(t0)
     occ = [f"job.v1/{t0 + k * S}" for k in range(7)]
 
-    async def ran(*ids: str) -> bool:
-        return all(effects[i] >= 1 for i in ids)
+    async with counting_target(catalog, target, unique("s").replace("-", "_")) as tgt:
+        worker, effects = tgt.worker, tgt.calls
 
-    try:
+        async def ran(*ids: str) -> bool:
+            return all(effects[i] >= 1 for i in ids)
+
         await catalog.schedule("job", "@every 1s", target, policy="coalesce")
         async with ticking(catalog, clock):
             await until(lambda: _state(catalog), "state")
@@ -83,9 +68,6 @@ async def test_trigger_and_backfill_run_each_identity_once(catalog: Catalog, mak
             await until(lambda: _skipped_outcome(worker, 2), "the two repeats resolved", 60)
             state = (await catalog.states())["job"]
             assert (state.anchor_ns, state.next_planned_ns) == (t0 + 6 * S, t0 + 7 * S)  # unmoved
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
     assert effects == Counter({i: 1 for i in [*occ[1:7], manual_id]})
     rows = await catalog.history("job")
     tags = Counter(r.manual for r in rows if r.state == "RUNNING")

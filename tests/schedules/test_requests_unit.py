@@ -25,7 +25,7 @@ from streamsched.wire.schedule import (
     encode_request,
     request_key,
 )
-from tests.schedules.test_ticker_unit import MINUTE, T0, TID, Rig, StandInOwner
+from tests.schedules.test_ticker_unit import MINUTE, T0, TID, Rig, StandInOwner, at_spec
 
 S = 1_000_000_000
 
@@ -129,12 +129,10 @@ async def test_a_manual_occurrences_feedback_is_trusted_and_a_forged_one_is_not(
 
 
 async def test_a_manual_run_of_a_one_time_job_does_not_end_it() -> None:
-    from datetime import UTC, datetime
-
     rig = Rig()
     pt = await rig.start()
     at = T0 + 30 * MINUTE
-    rig.define("once", f"@at {datetime.fromtimestamp(at // S, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}")
+    rig.define("once", at_spec(at))
     await pt.tick()
     manual_at = T0 + 5 * S
     request(rig, trigger(manual_at, name="once"))

@@ -17,14 +17,20 @@ from collections.abc import Callable
 
 import pytest
 
-from streamsched import App, CommandContext, Selection, Turn, external_command
 from streamsched.errors import ConfigError
 from streamsched.model.overlap import Running
 from streamsched.model.schedule import ScheduleStatus
 from streamsched.schedules.catalog import Catalog
 from streamsched.testing import ROOT
-from streamsched.worker.intake import Worker, WorkerConfig
-from tests.schedules.test_schedules import Clock, occurrences, same_partition, ticking, until
+from tests.schedules.test_schedules import (
+    Clock,
+    beat_at,
+    counting_target,
+    occurrences,
+    same_partition,
+    ticking,
+    until,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.schedules]
 S = 10**9
@@ -57,9 +63,7 @@ async def test_a_paused_schedule_keeps_its_catch_up_position(catalog: Catalog, m
     await catalog.schedule(merged, "@every 10s", target, policy="coalesce")
     beat = same_partition(catalog, "job")
     await catalog.schedule(beat, "@every 10s", beats)
-
-    async def ticked_at(ns: int) -> bool:
-        return f"{beat}.v1/{ns}" in await occurrences(catalog.bootstrap, beats)
+    ticked_at = beat_at(catalog, beat, beats)
 
     async with ticking(catalog, clock):
         await until(lambda: _count(catalog, 3), "states")
@@ -105,34 +109,20 @@ async def test_a_paused_schedule_keeps_its_catch_up_position(catalog: Catalog, m
 
 async def test_overlap_skip_and_buffer_one_count_calls(catalog: Catalog, make_topic, unique) -> None:
     target = await make_topic("jobs")
-    app = App("t")
-    name = unique("s").replace("-", "_")
-    calls: Counter[str] = Counter()
-    gate = asyncio.Event()
-
-    @external_command()
-    async def run_job(ctx: CommandContext, *, occurrence: str) -> None:
-        calls[occurrence] += 1
-        await gate.wait()  # the first runs stay unresolved until the test opens the gate
-
-    @app.scheduler(name=name, topic=target, selection=Selection("due", type="due"), commands=[run_job],
-                   claim_duration_s=60)
-    async def handle(turn: Turn) -> None:
-        await turn.commands.run_job(occurrence=turn.event.event_id)
-
-    worker = Worker(app.schedulers[name], WorkerConfig(bootstrap=catalog.bootstrap))
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
+    gate = asyncio.Event()  # the first runs stay unresolved until the test opens the gate
     t0 = (time.time_ns() // S - 120) * S
     clock = Clock(t0)
 
     def occ(schedule: str, k: int) -> str:
         return f"{schedule}.v1/{t0 + k * S}"
 
-    async def called(*ids: str) -> bool:
-        return all(calls[i] >= 1 for i in ids)
+    async with counting_target(catalog, target, unique("s").replace("-", "_"), claim_duration_s=60,
+                               gate=gate) as tgt:
+        calls = tgt.calls
 
-    try:
+        async def called(*ids: str) -> bool:
+            return all(calls[i] >= 1 for i in ids)
+
         await catalog.schedule("skip", "@every 1s", target, overlap="skip")
         await catalog.schedule("buffer", "@every 1s", target, overlap="buffer_one")
         async with ticking(catalog, clock):
@@ -153,9 +143,6 @@ async def test_overlap_skip_and_buffer_one_count_calls(catalog: Catalog, make_to
             await until(lambda: _running(catalog, "skip", Running()), "skip's run resolved", 60)
             clock.now = t0 + 5 * S
             await until(lambda: called(occ("skip", 5), occ("buffer", 5)), "the next boundary", 60)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
     assert calls == Counter({occ("skip", 1): 1, occ("skip", 5): 1, occ("buffer", 1): 1, occ("buffer", 2): 1,
                              occ("buffer", 5): 1})
     rows = await catalog.history("skip")

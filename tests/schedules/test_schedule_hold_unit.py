@@ -19,7 +19,7 @@ from streamsched.schedules.listing import read_state
 from streamsched.schedules.ticker import PartitionTicker
 from streamsched.wire.schedule import DEFINITION_CODEC, definition_headers
 from tests.schedules.test_requests_unit import feedback, request, restarted
-from tests.schedules.test_ticker_unit import MINUTE, T0, TARGET, Rig
+from tests.schedules.test_ticker_unit import MINUTE, T0, TARGET, Rig, at_spec
 
 S = 1_000_000_000
 
@@ -131,13 +131,20 @@ async def test_skip_fires_nothing_beside_an_unresolved_run() -> None:
     assert due(rig, "every") == [T0 + MINUTE, T0 + 5 * MINUTE]
 
 
-async def test_buffer_one_fires_the_held_boundary_once_the_run_resolves_even_after_a_restart() -> None:
+async def buffering(minutes: int) -> tuple[Rig, PartitionTicker]:
+    """``every`` (@every 1m, buffer_one) created at T0, ticked ``minutes`` later: 1m fired (and
+    unresolved), 2m held, any later boundary skipped."""
     rig = Rig()
     pt = await rig.start()
     define(rig, "every", "buffer_one")
     await pt.tick()
-    rig.clock.now = T0 + 3 * MINUTE + S
-    await pt.tick()  # 1m fires, 2m is held, 3m skipped
+    rig.clock.now = T0 + minutes * MINUTE + S
+    await pt.tick()
+    return rig, pt
+
+
+async def test_buffer_one_fires_the_held_boundary_once_the_run_resolves_even_after_a_restart() -> None:
+    rig, pt = await buffering(3)
     assert due(rig, "every") == [T0 + MINUTE]
     assert durable(rig, "every").running == Running(T0 + MINUTE, T0 + 2 * MINUTE, 1)
 
@@ -174,12 +181,7 @@ async def test_allow_and_manual_runs_never_wait() -> None:
 
 
 async def test_a_held_boundary_a_backfill_ran_is_let_go_and_a_resume_forgets_a_silent_run() -> None:
-    rig = Rig()
-    pt = await rig.start()
-    define(rig, "every", "buffer_one")
-    await pt.tick()
-    rig.clock.now = T0 + 2 * MINUTE + S
-    await pt.tick()  # 1m fires, 2m is held
+    rig, pt = await buffering(2)
     assert durable(rig, "every").running == Running(T0 + MINUTE, T0 + 2 * MINUTE, 0)
     # An operator backfills the held boundary and it runs: released later, it would resolve from
     # its stored outcome without a report, and the schedule would wait on it for ever.
@@ -199,12 +201,10 @@ async def test_a_held_boundary_a_backfill_ran_is_let_go_and_a_resume_forgets_a_s
 
 
 async def test_a_one_time_job_paused_after_it_fired_still_ends_with_its_result() -> None:
-    from datetime import UTC, datetime
-
     rig = Rig()
     pt = await rig.start()
     at = T0 + 30 * S
-    rig.define("once", f"@at {datetime.fromtimestamp(at // S, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}")
+    rig.define("once", at_spec(at))
     await pt.tick()
     rig.clock.now = at + S
     await pt.tick()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -32,6 +34,52 @@ class Clock:
 
     def __call__(self) -> int:
         return self.now
+
+
+@dataclass
+class CountingTarget:
+    """A target worker whose command counts its calls per occurrence identity."""
+
+    worker: Worker
+    calls: Counter[str] = field(default_factory=Counter)
+
+
+@asynccontextmanager
+async def counting_target(catalog: Catalog, target: str, name: str, *, claim_duration_s: float = 5,
+                          gate: asyncio.Event | None = None) -> AsyncIterator[CountingTarget]:
+    """A worker of scheduler ``name`` on ``target`` running while the block runs; each call
+    counted, then held until ``gate`` is set (if given)."""
+    app = App("t")
+    calls: Counter[str] = Counter()
+
+    @external_command()
+    async def run_job(ctx: CommandContext, *, occurrence: str) -> None:
+        calls[occurrence] += 1
+        if gate is not None:
+            await gate.wait()
+
+    @app.scheduler(name=name, topic=target, selection=Selection("due", type="due"), commands=[run_job],
+                   claim_duration_s=claim_duration_s)
+    async def handle(turn: Turn) -> None:
+        await turn.commands.run_job(occurrence=turn.event.event_id)
+
+    worker = Worker(app.schedulers[name], WorkerConfig(bootstrap=catalog.bootstrap))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield CountingTarget(worker, calls)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+def beat_at(catalog: Catalog, beat: str, beats: str) -> Callable[[int], Awaitable[bool]]:
+    """Whether sentinel schedule ``beat`` (firing into ``beats``) fired at a time: proof that its
+    partition's ticker ticked then."""
+    async def ticked_at(ns: int) -> bool:
+        return f"{beat}.v1/{ns}" in await occurrences(catalog.bootstrap, beats)
+
+    return ticked_at
 
 
 def ticking(catalog: Catalog, clock: Clock) -> AbstractAsyncContextManager[Ticker]:
@@ -98,9 +146,7 @@ async def test_disable_enable_reset_and_unschedule(catalog: Catalog, make_topic)
     # tick that happened rather than by sleeping.
     beat = same_partition(catalog, "job")
     await catalog.schedule(beat, "@every 10s", beats)
-
-    async def ticked_at(ns: int) -> bool:
-        return f"{beat}.v1/{ns}" in await occurrences(catalog.bootstrap, beats)
+    ticked_at = beat_at(catalog, beat, beats)
 
     async with ticking(catalog, clock):
         await until(lambda: _has_states(catalog, 2), "state")

@@ -38,6 +38,11 @@ TARGET = "jobs"
 TID = "streamsched.schedules.cat.0"
 
 
+def at_spec(ns: int) -> str:
+    """The one-time spec of the (whole-second) instant ``ns``."""
+    return f"@at {datetime.fromtimestamp(ns // S, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
 @dataclass
 class Clock:
     now: int = T0 + S
@@ -191,8 +196,7 @@ async def test_a_one_time_job_ends_with_its_occurrences_feedback(result: Any, st
     rig = Rig()
     pt = await rig.start()
     at = T0 + 30 * S
-    stamp = datetime.fromtimestamp(at // S, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    defn = rig.define("once", f"@at {stamp}")
+    defn = rig.define("once", at_spec(at))
     await pt.tick()
     rig.clock.now = at + S
     await pt.tick()
