@@ -44,7 +44,7 @@ _SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
 _OAUTH_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
 
 
-def _private(path: Path, text: str) -> Path:
+def private_file(path: Path, text: str) -> Path:
     """Write ``text`` to a file only its owner can read (created so, never widened)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -95,7 +95,7 @@ class BrokerSecurity:
     def save(self) -> None:
         doc = {"users": {k: v.reveal() for k, v in self.users.items()}, "tls": self.tls,
                "oauth_unsecured": self.oauth_unsecured}
-        _private(self.directory / "users.json", json.dumps(doc, indent=2))
+        private_file(self.directory / "users.json", json.dumps(doc, indent=2))
 
     def password(self, user: str) -> Secret:
         try:
@@ -176,7 +176,7 @@ class BrokerSecurity:
     def _store_password(self) -> str:
         path = self.directory / "keystore.password"
         if not path.exists():
-            _private(path, secrets.token_urlsafe(18))
+            private_file(path, secrets.token_urlsafe(18))
         return path.read_text()
 
     def ensure_ca(self) -> None:
@@ -236,12 +236,12 @@ class BrokerSecurity:
     def write_client_file(self, bootstrap: str, user: str) -> Path:
         """A private TOML connection file for ``--config`` (SCRAM-SHA-512 as ``user``)."""
         self.password(user)
-        pw_file = _private(self.directory / f"{user}.password", self.users[user].reveal())
+        pw_file = private_file(self.directory / f"{user}.password", self.users[user].reveal())
         text = (f'bootstrap = "{bootstrap}"\nsecurity_protocol = "SASL_PLAINTEXT"\n\n'
                 f'[sasl]\nmechanism = "SCRAM-SHA-512"\nusername = "{user}"\n'
                 # Relative to this file: the pair stays usable wherever the directory is mounted.
                 f'password_file = "{pw_file.name}"\n')
-        return _private(self.directory / f"{user}.toml", text)
+        return private_file(self.directory / f"{user}.toml", text)
 
 
 def _openssl(*args: str, env: dict[str, str] | None = None) -> None:

@@ -69,33 +69,22 @@ def cmd_broker(args: argparse.Namespace) -> int:
 # --- topics ---------------------------------------------------------------------------------------
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from streamsched.kafka.admin import TopicSpec, apply, load_dir
-    from streamsched.schedules.catalog import Catalog
+    from streamsched.kafka.admin import apply
+    from streamsched.ops.cli.dr import scope, source_connection
+    from streamsched.ops.dr import check_source
 
-    specs = load_dir(Path(args.dir))
-    if args.replication:
-        specs = [s.with_replication(args.replication) for s in specs]
-    derived: list[TopicSpec] = []  # every app is loaded before anything is applied
-    by_name = {s.name: s for s in specs}
-    for ref in args.app or ():
-        for sched in load_app(ref).schedulers.values():
-            base = by_name.get(sched.topic)
-            if base is None:
-                raise ConfigError(f"scheduler {sched.name}: topic {sched.topic} is not defined")
-            if base.wire_format != sched.wire_format:
-                raise ConfigError(f"scheduler {sched.name} reads {sched.topic} in the {sched.wire_format} "
-                                  f"wire format, its definition says {base.wire_format}")
-            derived.extend(sched.internal_topics(base.partitions, base.replication))
     bootstrap = connect(args)
-    for name in args.catalog or ():
-        catalog = Catalog(bootstrap, name, partitions=args.catalog_partitions, replication=args.replication)
-        derived.extend(catalog.topic_specs())
+    specs, _ = scope(args, bootstrap)  # every app is loaded before anything is applied
+    source = source_connection(args)
+    if source is not None:
+        # A mirror's target: the primary must hold the same topics (partitions, settings) first.
+        asyncio.run(check_source(source, specs))
     # Replication or min.insync.replicas other than the definition's is refused unless
     # --allow-drift (then reported); an internal RF 1 topic on a multi-broker cluster needs
     # --allow-single-replica (streamsched.kafka.admin).
     checks = {"allow_drift": args.allow_drift, "allow_single_replica": args.allow_single_replica}
     # One apply: one admin client, and any refusal comes before anything is created.
-    report = asyncio.run(apply(bootstrap, [*specs, *derived], **checks))
+    report = asyncio.run(apply(bootstrap, specs, **checks))
     show(args, report.to_dict())
     return 0
 

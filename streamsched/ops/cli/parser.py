@@ -20,6 +20,7 @@ from streamsched.ops.cli.commands import (
     cmd_status,
 )
 from streamsched.ops.cli.common import EXIT_CODES, version_text
+from streamsched.ops.cli.dr import add_dr
 from streamsched.ops.cli.events import cmd_emit
 from streamsched.ops.cli.grammar import (
     APP_HELP,
@@ -283,4 +284,5 @@ def build_parser() -> Parser:
     cp.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
     cp.set_defaults(root_parser=parser)
     add_acl(sub)
+    add_dr(sub)
     return parser

@@ -10,6 +10,7 @@ from typing import Any
 from streamsched.kafka.version import TESTED_KAFKA_VERSIONS
 from streamsched.ops.cli.commands import cmd_acl, cmd_broker, cmd_dlq, cmd_outbox, cmd_topics
 from streamsched.ops.cli.common import DEFAULT_DATA_DIR
+from streamsched.ops.cli.dr import add_scope, add_source
 from streamsched.ops.cli.events import cmd_schedule
 from streamsched.ops.cli.grammar import (
     APP_HELP,
@@ -94,15 +95,8 @@ def add_broker(sub: Any) -> None:
 def add_topics(sub: Any) -> None:
     fam = family(sub, "topics", "apply topic definitions idempotently")
     t = command(fam, "apply", "create missing topics, verify existing ones", cmd_topics)
-    t.add_argument("--dir", default="topics", help="directory of *.toml topic definitions")
-    t.add_argument("--app", action="append", default=None, metavar="MODULE:ATTR",
-                   help="an app whose schedulers' state, dead-letter and delay topics to apply too "
-                        "(repeatable)")
-    t.add_argument("--catalog", action="append", default=None, metavar="NAME",
-                   help="a schedule catalog whose definitions, state, history and feedback topics to apply "
-                        "too (repeatable; for tickers run with `schedule tick --no-create-topics`)")
-    t.add_argument("--catalog-partitions", type=int, default=4,
-                   help="partitions of those catalog topics (as `schedule add --partitions`)")
+    add_scope(t, what="apply")
+    add_source(t, required=False)
     t.add_argument("--replication", type=int, default=None,
                    help="replication factor of every topic applied (default: each definition's, else "
                         "min(3, brokers); internal topics get min.insync.replicas min(2, replication))")
