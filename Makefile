@@ -45,6 +45,7 @@ KAFKA_OTHER ?= 3.9.1
 
 jars: venv-base
 	$(BIN)/python -c "from streamsched.ops.broker import ensure_jars; from streamsched.kafka.version import TESTED_KAFKA_VERSIONS as V; [print('kafka jars:', ensure_jars(v)) for v in V]"
+	$(BIN)/python -c "from streamsched.ops.mirror import ensure_mirror_jars; print('mirror jars:', ensure_mirror_jars()[0])"
 
 # Apicurio Registry, the schema registry the registry tests run (streamsched/testing/registry.py):
 # its application fetched by mvn into the same cache (fails like `jars` when it cannot be), and a

@@ -195,10 +195,11 @@ async def run_drill(tmp: Path, *, rate: float = 20.0, load_s: float = 15.0, afte
         log(f"mirror flowing after {time.monotonic() - t0:.1f}s")
         samples = []
         until = time.monotonic() + load_s
-        while time.monotonic() < until:
-            out = _cli("dr", "status", "--bootstrap", b.bootstrap, "--source-bootstrap", a.bootstrap, *scope,
-                       "--json", env=env)
+        while time.monotonic() < until:  # the load goes on meanwhile (the CLI runs in a thread)
+            out = await asyncio.to_thread(_cli, "dr", "status", "--bootstrap", b.bootstrap,
+                                          "--source-bootstrap", a.bootstrap, *scope, "--json", env=env)
             samples.append(json.loads(out)["behind_s"])
+            await asyncio.sleep(2.0)
         report.status_behind_s = max((s for s in samples if s is not None), default=None)
 
         # --- the kill: the primary region is gone (broker and worker), the mirror stops --------

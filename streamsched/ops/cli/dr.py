@@ -95,7 +95,8 @@ def add_dr(sub: Any) -> None:
     m.add_argument("--group", action="append", default=[], help="another group whose offsets to translate")
     m.add_argument("--workdir", default=".streamsched/mirror", help="MirrorMaker's configuration and logs")
     m.add_argument("--mirror-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="another MirrorMaker setting (repeatable), e.g. primary.consumer.fetch.max.wait.ms=500")
+                   help="another MirrorMaker setting (repeatable), e.g. "
+                        "primary.consumer.fetch.max.wait.ms=500")
     m.add_argument("--replication", type=int, default=None,
                    help="replication factor of MirrorMaker's own topics (default min(3, brokers))")
     _aliases(m)
