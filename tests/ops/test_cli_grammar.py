@@ -136,7 +136,8 @@ def test_every_command_that_loads_an_app_takes_app_and_scheduler_as_flags() -> N
             assert "--app" in options, name
 
 
-QUIET = {"run", "schedule tick", "outbox relay", "console", "completion", "broker start", "broker stop"}
+QUIET = {"run", "schedule tick", "outbox relay", "console", "completion", "broker start", "broker stop",
+         "dr mirror"}
 """Services (their reports go to stderr) and commands that print one word or a script."""
 
 
