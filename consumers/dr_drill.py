@@ -7,7 +7,7 @@ Steps (:func:`run_drill`):
 
 1. two independent single-node clusters; the workflow's topics applied on A, then on B with
    ``streamsched topics apply --source-bootstrap A`` (same partitions and settings);
-2. MirrorMaker 2 (:class:`~streamsched.ops.mirror.MirrorMaker`) mirrors them, and the group;
+2. ``streamsched dr mirror`` (a real MirrorMaker 2, a child process) mirrors them, and the group;
 3. a worker process on A (its command calls the SQLite ledger ``ledger-A``), a steady load of
    new identities produced to A; ``streamsched dr status`` sampled while it runs;
 4. the kill: A's broker and worker SIGKILLed together, the mirror stopped; B's copy is read
@@ -43,8 +43,7 @@ from streamsched.kafka.producer import Producer
 from streamsched.kafka.reads import read_topic
 from streamsched.model.claims import ClaimState, OutcomeKind
 from streamsched.model.event import TransitionEvent
-from streamsched.ops.broker import LocalCluster
-from streamsched.ops.mirror import MirrorMaker, MirrorPlan
+from streamsched.ops.broker import LocalCluster, stop_pid_file
 from streamsched.testing import WorkerProcess, make_event, produce_events, wait_for
 from streamsched.wire.claim import CLAIM_CODEC
 from streamsched.wire.transition import decode_transition
@@ -169,19 +168,22 @@ async def run_drill(tmp: Path, *, rate: float = 20.0, load_s: float = 15.0, afte
     scope = ["--dir", str(tmp / "topics"), "--app", wf_a.app_ref]
     a, b = LocalCluster(tmp / "A", heap="-Xmx384m"), LocalCluster(tmp / "B", heap="-Xmx384m")
     workers: list[WorkerProcess] = []
-    mm: MirrorMaker | None = None
+    mm: subprocess.Popen[bytes] | None = None
     t0 = time.monotonic()
     try:
         await asyncio.gather(asyncio.to_thread(a.start), asyncio.to_thread(b.start))
         _cli("topics", "apply", "--bootstrap", a.bootstrap, *scope, env=env)
-        applied = json.loads(_cli("topics", "apply", "--bootstrap", b.bootstrap, "--source-bootstrap",
-                                  a.bootstrap, *scope, env=env))
-        topics = sorted([*applied["created"], *applied["unchanged"]])
+        _cli("topics", "apply", "--bootstrap", b.bootstrap, "--source-bootstrap", a.bootstrap, *scope,
+             env=env)
         report.timings["clusters_s"] = time.monotonic() - t0
-        slow = {"primary.consumer.fetch.max.wait.ms": str(mirror_wait_ms),
-                "primary.consumer.fetch.min.bytes": str(1 << 20)} if mirror_wait_ms else {}
-        mm = MirrorMaker(MirrorPlan(a.connection(), b.connection(), tuple(topics), (wf_a.group,),
-                                    replication=1, options=slow), tmp / "mirror").start()
+        slow = ["--mirror-option", f"primary.consumer.fetch.max.wait.ms={mirror_wait_ms}",
+                "--mirror-option", f"primary.consumer.fetch.min.bytes={1 << 20}"] if mirror_wait_ms else []
+        with open(tmp / "dr-mirror.log", "ab") as out:
+            mm = subprocess.Popen([sys.executable, "-m", "streamsched", "dr", "mirror", "--bootstrap",
+                                   b.bootstrap, "--source-bootstrap", a.bootstrap, *scope, *slow,
+                                   "--replication", "1", "--workdir", str(tmp / "mirror")],
+                                  env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL)
         workers.append(WorkerProcess(wf_a.app_ref, a.bootstrap, env={**WORKER_ENV, **wf_a.env},
                                      log_path=tmp / "worker-A.log").start())
         load = Load(wf_a, rate=rate)
@@ -209,7 +211,7 @@ async def run_drill(tmp: Path, *, rate: float = 20.0, load_s: float = 15.0, afte
         for w in workers:
             w.kill()
         await load.cut(feeder)
-        mm.stop()
+        _stop(mm)
         report.produced = len(load.acked)
         at_kill_events = await _events(b.bootstrap, wf_a)
         at_kill_outcomes = set(await _outcomes(b.bootstrap, wf_a))
@@ -265,8 +267,19 @@ async def run_drill(tmp: Path, *, rate: float = 20.0, load_s: float = 15.0, afte
             if w.alive():
                 w.kill()
         if mm is not None:
-            mm.stop(timeout=5)
+            _stop(mm, timeout=5)
+            stop_pid_file(tmp / "mirror" / "mirror.pid", timeout=5)  # MirrorMaker, if it outlived it
         for cluster in (a, b):
             for node in list(cluster.procs):
                 cluster.kill_node(node, signal.SIGKILL)
 
+
+def _stop(proc: subprocess.Popen[bytes], *, timeout: float = 30.0) -> None:
+    """SIGTERM ``dr mirror`` (it stops MirrorMaker and exits), SIGKILL past ``timeout``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

@@ -43,6 +43,8 @@ REACH_TIMEOUT_S = 15.0
 SCAN_LIMIT = 200_000
 """Records of one primary partition :func:`mirror_status` reads at most (past it: ``behind`` is
 reported as at least that)."""
+NEWEST_WINDOW = 4096
+"""How far back from a partition's end :func:`mirror_status` looks for the secondary's newest record."""
 _SHAPE_KEYS = ("cleanup.policy", "retention.ms", "max.message.bytes", "message.timestamp.type")
 
 
@@ -185,14 +187,21 @@ async def _newest(conn: clients.Conn, topics: list[str]) -> dict[tuple[str, int]
         begin, end = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
         for tp in tps:
             newest: Newest | None = None
-            if int(end[tp]) > int(begin[tp]):
+            # The last offset is a record unless the mirror writes transactionally (exactly-once
+            # MirrorMaker): then it is a commit marker, and the newest record is a little before.
+            lo, hi = int(begin[tp]), int(end[tp])
+            back = 1
+            while newest is None and hi - back >= lo and back <= NEWEST_WINDOW:
                 consumer.assign([tp])
-                consumer.seek(tp, int(end[tp]) - 1)
-                batch = await consumer.getmany(tp, timeout_ms=5000)
-                records = batch.get(tp, [])
+                consumer.seek(tp, hi - back)
+                records: list[Any] = []
+                deadline = time.monotonic() + REACH_TIMEOUT_S
+                while await consumer.position(tp) < hi and time.monotonic() < deadline:
+                    records.extend((await consumer.getmany(tp, timeout_ms=1000)).get(tp, []))
                 if records:
                     last = records[-1]
                     newest = (int(last.timestamp), last.key, last.value)
+                back *= 8
             out[(tp.topic, tp.partition)] = (int(end[tp]), newest)
         return out
     finally:

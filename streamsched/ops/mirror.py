@@ -224,6 +224,8 @@ class MirrorMaker:
                                          start_new_session=True)
         finally:
             out.close()
+        # Its pid, for an operator (or a supervisor) that has to stop it without this process.
+        (self.workdir / "mirror.pid").write_text(f"{self.proc.pid}\n")
         return self
 
     @property
@@ -241,6 +243,7 @@ class MirrorMaker:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        (self.workdir / "mirror.pid").unlink(missing_ok=True)
 
     def __enter__(self) -> MirrorMaker:
         return self.start()

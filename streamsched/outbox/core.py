@@ -57,7 +57,7 @@ from streamsched.model import limits
 from streamsched.model.event import TransitionEvent
 from streamsched.model.names import validate_name
 from streamsched.model.retry import RetryPolicy, normalize_failure
-from streamsched.outbox import sql
+from streamsched.outbox import kept, sql
 from streamsched.outbox.sql import Counts, DbConnection, Intent
 
 if TYPE_CHECKING:
@@ -78,6 +78,8 @@ PERMANENT_KINDS = frozenset({"handler_terminal", "decode", "bound"})
 """Failure kinds no retry can fix: the intent is marked dead at once."""
 FAILPOINT_AFTER_SEND = "outbox_after_send"
 _COUNTS_EVERY_S = 10.0
+MAX_KEEP_DELIVERED_S = 7 * 86400.0
+"""The longest a relay keeps delivered intents for a re-send (a week)."""
 _T = TypeVar("_T")
 
 
@@ -93,7 +95,8 @@ class Outbox:
 
     def __init__(self, dsn: str | None = None, *, table: str = DEFAULT_TABLE,
                  policy: RetryPolicy | None = None, lease_s: float = 30.0, batch_size: int = 16,
-                 idle_max_s: float = 1.0, connect: Callable[[], DbConnection] | None = None) -> None:
+                 idle_max_s: float = 1.0, connect: Callable[[], DbConnection] | None = None,
+                 keep_delivered_s: float = 0.0) -> None:
         self.table = sql.check_table(table)
         self.policy = policy if policy is not None else RetryPolicy()
         limits.check_range("outbox lease_s", lease_s, MIN_LEASE_S, limits.MAX_CLAIM_DURATION_S)
@@ -101,12 +104,14 @@ class Outbox:
             raise ConfigError("outbox batch_size must be an integer")
         limits.check_range("outbox batch_size", batch_size, 1, MAX_BATCH)
         limits.check_range("outbox idle_max_s", idle_max_s, IDLE_MIN_S, MAX_IDLE_S)
+        limits.check_range("outbox keep_delivered_s", keep_delivered_s, 0.0, MAX_KEEP_DELIVERED_S)
         if dsn is not None and connect is None:
             sql.check_dsn(dsn)
         self.dsn = dsn
         self.lease_s = float(lease_s)
         self.batch_size = batch_size
         self.idle_max_s = float(idle_max_s)
+        self.keep_delivered_s = float(keep_delivered_s)
         self._connect = connect
         self._conn: DbConnection | None = None
         self._dialect: sql.Dialect | None = None
@@ -153,8 +158,21 @@ class Outbox:
         return claimed
 
     async def ack(self, intents: list[Intent]) -> int:
-        """Delete delivered intents; how many were still there."""
-        return await self._db(lambda conn, d: sql.ack(conn, d, self.table, [i.id for i in intents]))
+        """Delete delivered intents (keeping a copy for ``keep_delivered_s``); how many were still there."""
+        keep_ns = int(self.keep_delivered_s * 1e9)
+        return await self._db(lambda conn, d: sql.ack(conn, d, self.table, [i.id for i in intents], keep_ns))
+
+    async def resend(self, since_ns: int, *, topic: str | None = None) -> int:
+        """Send again the intents delivered at or after ``since_ns`` (UTC ns; to ``topic``, or to
+        any), as kept by a relay with ``keep_delivered_s``: they become intents due now, with
+        their event ids (idempotency keys) and bytes unchanged. How many."""
+        if topic is not None:
+            validate_name(topic, "topic")
+        return await self._db(lambda conn, d: kept.resend(conn, d, self.table, since_ns, topic))
+
+    async def kept_count(self) -> int:
+        """How many delivered intents are kept for a re-send."""
+        return await self._db(lambda conn, d: kept.count(conn, d, self.table))
 
     async def fail(self, intent: Intent, exc: BaseException) -> str:
         """Record a failed delivery: ``"retry"`` (due again after a backoff), ``"dead"``, or

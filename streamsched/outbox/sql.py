@@ -26,6 +26,7 @@ traceparent    the W3C trace context of the service's span when it enqueued (NUL
 
 A delivered intent is **deleted** on ack: the topic is the durable record of what was
 published, so the table holds only the backlog and the dead, and the claim index stays small.
+With a keep window, a copy goes to ``<table>_sent`` first (:mod:`streamsched.outbox.kept`).
 
 SQLite claims inside ``BEGIN IMMEDIATE`` (the database write lock, so two relays never select
 the same row); PostgreSQL with ``SELECT ... FOR UPDATE SKIP LOCKED`` (relays claim disjoint rows
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamsched.errors import ConfigError
+from streamsched.outbox import kept
 
 DbConnection = Any
 """A DB-API connection: ``sqlite3.Connection`` or ``psycopg.Connection`` (typed loosely: psycopg
@@ -271,6 +273,7 @@ def create_schema(conn: DbConnection, table: str) -> None:
         conn.execute(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS traceparent TEXT")
     # The claim reads live rows in due order: a partial index keeps the dead out of its way.
     conn.execute(f"CREATE INDEX IF NOT EXISTS {t}_due ON {t} (due_ns, id) WHERE dead_at_ns IS NULL")
+    kept.create(conn, d, t)  # delivered intents kept for a re-send (used with a keep window)
 
 
 def insert(conn: DbConnection, table: str, topic: str, event_id: str, key: bytes, value: bytes,
@@ -318,13 +321,17 @@ def _intent(row: Sequence[Any]) -> Intent:
                   traceparent=row[10])
 
 
-def ack(conn: DbConnection, d: Dialect, table: str, ids: Sequence[int]) -> int:
-    """Delete delivered intents (whoever holds their lease now: delivered is delivered)."""
+def ack(conn: DbConnection, d: Dialect, table: str, ids: Sequence[int], keep_ns: int = 0) -> int:
+    """Delete delivered intents (whoever holds their lease now: delivered is delivered); with
+    ``keep_ns``, keep a copy for that long first (:mod:`streamsched.outbox.kept`)."""
     if not ids:
         return 0
+    t = check_table(table)
     marks = ", ".join("?" for _ in ids)
     with d.write(conn):
-        cur = conn.execute(d.q(f"DELETE FROM {check_table(table)} WHERE id IN ({marks})"), list(ids))
+        if keep_ns:
+            kept.keep(conn, d, t, ids, d.now_ns(conn), keep_ns)
+        cur = conn.execute(d.q(f"DELETE FROM {t} WHERE id IN ({marks})"), list(ids))
         return int(cur.rowcount)
 
 

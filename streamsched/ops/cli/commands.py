@@ -192,15 +192,19 @@ def cmd_outbox(args: argparse.Namespace) -> int:
     if not args.dsn:
         raise ConfigError("outbox needs --dsn (sqlite:///path.db or postgresql://...) "
                           "or STREAMSCHED_OUTBOX_DSN")
-    relay = {"lease_s": args.lease, "batch_size": args.batch_size,
+    relay = {"lease_s": args.lease, "batch_size": args.batch_size, "keep_delivered_s": args.keep_delivered,
              "policy": RetryPolicy(maximum_attempts=args.max_attempts)} if args.action == "relay" else {}
     outbox = Outbox(args.dsn, table=args.table, **relay)
-    if args.action in ("status", "requeue"):
+    if args.action in ("status", "requeue", "resend"):
+        since_ns = since_time_ns(args.since) if args.action == "resend" else 0
+
         async def once() -> Any:
             async with outbox:
                 if args.action == "requeue":
                     return {"requeued": await outbox.requeue_dead(args.kind)}
-                return (await outbox.counts()).as_dict()
+                if args.action == "resend":
+                    return {"resent": await outbox.resend(since_ns, topic=args.topic), "since_ns": since_ns}
+                return (await outbox.counts()).as_dict() | {"kept": await outbox.kept_count()}
 
         show(args, asyncio.run(once()))
         return 0
@@ -221,6 +225,25 @@ def cmd_outbox(args: argparse.Namespace) -> int:
 
     configure_logging()
     return run_service(main)
+
+
+def since_time_ns(text: str) -> int:
+    """``--since``: an ISO 8601 time (UTC without an offset), or a duration before now (``5m``)."""
+    import time
+    from datetime import UTC, datetime
+
+    from streamsched.model.durations import parse_duration
+
+    try:
+        return time.time_ns() - int(parse_duration(text) * 1e9)
+    except (ConfigError, ValueError):
+        pass
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(f"--since expects an ISO 8601 time such as 2026-01-31T12:00:00Z or a duration "
+                          f"such as 15m, got {text!r}") from None
+    return int((at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() * 1_000_000) * 1000
 
 
 # --- replay ---------------------------------------------------------------------------------------

@@ -248,6 +248,9 @@ def add_outbox(sub: Any) -> None:
     deprecated(r, "--lease-s", target="lease", use="--lease DURATION", convert=seconds, metavar="SECONDS")
     r.add_argument("--max-attempts", type=int, default=5, help="deliveries before an intent is dead")
     r.add_argument("--create-schema", action="store_true", help="create the table if missing")
+    r.add_argument("--keep-delivered", type=duration, default=0.0, metavar="DURATION",
+                   help="keep delivered intents this long (e.g. 15m, at most 7d) so `outbox resend` can "
+                        "send them again after a failover (default 0: deleted once delivered)")
     r.add_argument("--dir", default="topics",
                    help="directory of *.toml topic definitions: intents for a topic defined with "
                         "format = \"registry\" are framed for the schema registry")
@@ -260,6 +263,13 @@ def add_outbox(sub: Any) -> None:
     table(q)
     q.add_argument("--kind", default=None, help="only dead intents of this kind")
     add_output(q, default="json", json_alias=None)
+    rs = command(fam, "resend", "send again the intents delivered since a time (kept by relays run with "
+                 "--keep-delivered): after a failover to a mirrored cluster", cmd_outbox)
+    table(rs)
+    rs.add_argument("--since", required=True, metavar="TIME",
+                    help="an ISO 8601 time (no offset: UTC), or a duration ago (e.g. 5m)")
+    rs.add_argument("--topic", default=None, help="only intents to this topic")
+    add_output(rs, default="json", json_alias=None)
 
 
 def add_acl(sub: Any) -> None:
