@@ -77,77 +77,24 @@ import argparse
 import asyncio
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from streamsched.errors import ConfigError, StreamschedError
+from streamsched.errors import ConfigError
 from streamsched.model.names import internal_topic, transactional_prefix, validate_name
+from streamsched.ops.acl_model import (
+    OPERATIONS,
+    PATTERN_TYPES,
+    PERMISSIONS,
+    RESOURCE_TYPES,
+    Acl,
+    AclError,
+    _Plan,
+    principal_of,
+)
 
 if TYPE_CHECKING:  # the CLI's parser imports this module: Kafka, Avro and the app model stay lazy
     from streamsched.kafka import clients
     from streamsched.worker.app import App, SchedulerDef
-
-RESOURCE_TYPES = {"ANY": 1, "TOPIC": 2, "GROUP": 3, "CLUSTER": 4, "TRANSACTIONAL_ID": 5}
-PATTERN_TYPES = {"ANY": 1, "MATCH": 2, "LITERAL": 3, "PREFIXED": 4}
-OPERATIONS = {"ANY": 1, "ALL": 2, "READ": 3, "WRITE": 4, "CREATE": 5, "DELETE": 6, "ALTER": 7,
-              "DESCRIBE": 8, "CLUSTER_ACTION": 9, "DESCRIBE_CONFIGS": 10, "ALTER_CONFIGS": 11,
-              "IDEMPOTENT_WRITE": 12}
-PERMISSIONS = {"ANY": 1, "DENY": 2, "ALLOW": 3}
-"""Kafka's wire codes (``org.apache.kafka.common.acl``/``resource``)."""
-
-
-class AclError(StreamschedError):
-    """The broker refused to create or describe ACLs."""
-
-    kind = "acl"
-
-
-@dataclass(frozen=True, order=True)
-class Acl:
-    """One ALLOW binding: ``principal`` may ``operation`` on the resource."""
-
-    resource_type: str
-    pattern_type: str
-    resource_name: str
-    operation: str
-    principal: str
-    host: str = "*"
-    permission: str = "ALLOW"
-    why: str = field(default="", compare=False)
-    """Why the role needs it (shown by ``acl plan``; not part of the binding)."""
-
-    def key(self) -> tuple[str, str, str, str, str, str, str]:
-        """The binding itself, without the explanation."""
-        return (self.resource_type, self.pattern_type, self.resource_name, self.operation,
-                self.principal, self.host, self.permission)
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-def principal_of(text: str) -> str:
-    """``User:NAME`` (a bare NAME gets the ``User:`` type)."""
-    kind, sep, name = text.partition(":")
-    if not sep:
-        kind, name = "User", text
-    if not kind or not name or any(c.isspace() for c in text):
-        raise ConfigError(f"a principal is TYPE:NAME, e.g. User:pipelines (got {text!r})")
-    return f"{kind}:{name}"
-
-
-class _Plan:
-    """The ALLOW bindings of one principal, collected (duplicates fold) and sorted."""
-
-    def __init__(self, principal: str) -> None:
-        self.principal = principal_of(principal)
-        self.acls: set[Acl] = set()
-
-    def add(self, rtype: str, name: str, ops: Iterable[str], why: str, pattern: str = "LITERAL") -> None:
-        self.acls.update(Acl(rtype, pattern, name, op, self.principal, why=why) for op in ops)
-
-    def done(self) -> list[Acl]:
-        return sorted(self.acls)
-
 
 def plan_scheduler(s: SchedulerDef, principal: str, *, catalogs: Iterable[str] = ()) -> list[Acl]:
     """The exact ACLs the worker of scheduler ``s`` needs (module docs), sorted."""
@@ -310,9 +257,9 @@ async def describe(conn: clients.Conn, principal: str | None = None) -> list[Acl
 
 # --- the `streamsched acl` command -------------------------------------------------------------
 
-ROLES = ("scheduler", "ticker", "producer", "operator")
-HELP = ("print (plan) or create (apply) the least-authority Kafka ACLs of a scheduler, ticker, producer "
-        "or operator role")
+ROLES = ("scheduler", "ticker", "producer", "operator", "mirror-source", "mirror-target", "failover")
+HELP = ("print (plan) or create (apply) the least-authority Kafka ACLs of a scheduler, ticker, producer, "
+        "operator or disaster-recovery role")
 
 
 def add_acl_arguments(parser: argparse.ArgumentParser, fn: Any = None) -> None:
@@ -328,7 +275,8 @@ def add_acl_arguments(parser: argparse.ArgumentParser, fn: Any = None) -> None:
         p.add_argument("--role", choices=ROLES, default="scheduler",
                        help="scheduler: an app's workers; ticker: the ticker of --catalog, firing into "
                             "--target; producer: a service producing to --topic; operator: inspect and "
-                            "redrive an app's schedulers")
+                            "redrive an app's schedulers; mirror-source/mirror-target: MirrorMaker on the "
+                            "primary/secondary cluster for --app and --catalog; failover: `dr failover`")
         p.add_argument("--app", default=None, metavar="MODULE:ATTR",
                        help="MODULE:ATTR of a streamsched.App. scheduler role: its schedulers' roles "
                             "(required); ticker/producer role: also may write its schedulers' topics")
@@ -344,6 +292,8 @@ def add_acl_arguments(parser: argparse.ArgumentParser, fn: Any = None) -> None:
                        help="ticker role: a topic its schedules may fire into (repeatable)")
         p.add_argument("--topic", action="append", default=None, metavar="TOPIC",
                        help="producer role: a transition topic it produces to (repeatable)")
+        p.add_argument("--source-alias", default="primary",
+                       help="mirror-target and failover roles: MirrorMaker's name of the primary")
         if name == "plan":
             add_output(p, json_alias="--format")
             p.add_argument("--config", default=None, metavar="FILE",
@@ -361,6 +311,7 @@ def plan_from_args(args: argparse.Namespace) -> list[Acl]:
     role = getattr(args, "role", "scheduler")
     misplaced = {"scheduler": ("target", "topic"), "ticker": ("topic",), "producer": ("target", "catalog"),
                  "operator": ("target", "topic", "catalog")}
+    misplaced |= dict.fromkeys(("mirror-source", "mirror-target", "failover"), ("target", "topic"))
     for name in misplaced[role]:
         if getattr(args, name, None):
             raise ConfigError(f"--{name} does not apply to --role {role}")
@@ -377,6 +328,11 @@ def plan_from_args(args: argparse.Namespace) -> list[Acl]:
         return plan_app(app, principal=args.principal, scheduler=args.scheduler, catalogs=args.catalog or ())
     if not args.principal:
         raise ConfigError(f"--role {role} needs --principal User:NAME")
+    if role in ("mirror-source", "mirror-target", "failover"):
+        from streamsched.ops.acl_dr import plan_role
+
+        return plan_role(role, app, args.scheduler, args.catalog or (), args.principal,
+                         getattr(args, "source_alias", "primary"))
     if role == "operator":
         if app is None:
             raise ConfigError("--role operator needs --app MODULE:ATTR")

@@ -15,10 +15,11 @@ import pytest
 from streamsched.ops.broker import LocalCluster
 from streamsched.ops.broker_security import BrokerSecurity
 
-USERS = ("pipelines", "due_runs", "reports", "other", "intruder", "ticker", "service", "operator")
+USERS = ("pipelines", "due_runs", "reports", "other", "intruder", "ticker", "service", "operator", "mirror")
 """pipelines, due_runs, reports: the reference workflows' roles; other: another scheduler;
 intruder: a principal with no ACL at all; ticker: a schedule ticker's role; service: a service
-producer's role; operator: who inspects and re-drives a scheduler."""
+producer's role; operator: who inspects and re-drives a scheduler; mirror: MirrorMaker 2 reading
+the primary (tests/security/test_acl_dr.py)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
