@@ -56,6 +56,9 @@ A **service producer** (:class:`streamsched.Producer`, the outbox relay; :func:`
 ``acl plan --role producer --topic T``): WRITE, DESCRIBE on each transition topic it produces
 to. Nothing else: no READ, no group, no transactional id.
 
+The disaster-recovery roles (MirrorMaker on each side, the failover operator) are planned in
+:mod:`streamsched.ops.acl_dr`.
+
 No role gets CREATE (run workers with ``--no-create-topics``; an operator applies topics), ALTER,
 another role's topics, groups or transactional ids, or ``IdempotentWrite`` on the cluster: since
 Kafka 2.8 (KIP-679) a producer holding WRITE on any topic may initialise an idempotent producer
