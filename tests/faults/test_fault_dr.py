@@ -18,20 +18,26 @@ path is exercised, not skipped. RPO and RTO figures are the benchmark's (``bench
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from consumers.dr_drill import run_drill
+from tests.faults.fault_logs import RestartBound, judge_logs
 
 pytestmark = [pytest.mark.faults, pytest.mark.kafka]
 
 
 async def test_failover_to_a_mirrored_cluster_loses_nothing_and_repeats_only_unmirrored_outcomes(
-        tmp_path: Path) -> None:
+        tmp_path: Path, record_property: Callable[[str, object], None]) -> None:
     notes: list[str] = []
     report = await run_drill(tmp_path, load_s=12.0, after_s=6.0, log=notes.append)
-    where = f"{report.to_dict()} {notes}"
+    doc = json.dumps({"scenario": "dr_failover", **report.to_dict()}, sort_keys=True)
+    print("FAULT-RESULT " + doc)
+    record_property("fault_result", doc)
+    where = f"{doc} {notes}"
     assert report.produced > 0 and report.unmirrored_events_at_kill > 0, where
     assert report.unmirrored_outcomes_at_kill > 0, where
     assert report.lost == 0, where
@@ -39,3 +45,6 @@ async def test_failover_to_a_mirrored_cluster_loses_nothing_and_repeats_only_unm
     assert report.dup_unmirrored <= report.unmirrored_outcomes_at_kill, where
     assert report.keys_consistent, where
     assert report.status_behind_s is not None, where  # dr status read both clusters under load
+    # The secondary's worker met a healthy cluster: its log is clean, no owner restarted.
+    judge_logs({"worker-B": (tmp_path / "worker-B.log").read_text()},
+               restarts=RestartBound(0, "the secondary never failed"))
