@@ -83,6 +83,11 @@ MAX_KEEP_DELIVERED_S = 7 * 86400.0
 _T = TypeVar("_T")
 
 
+def _in_write(d: sql.Dialect, conn: DbConnection, op: Callable[[], None]) -> None:
+    with d.write(conn):
+        op()
+
+
 class Outbox:
     """An outbox table: ``enqueue`` (service side) and ``run_once``/``relay`` (relay side).
 
@@ -119,6 +124,7 @@ class Outbox:
         self.metrics = Metrics(f"outbox.{self.table}")
         self._counts_at = 0.0
         self._creating = False
+        self._kept_ready = False
 
     # ------------------------------------------------------------------------- service side
 
@@ -160,14 +166,21 @@ class Outbox:
     async def ack(self, intents: list[Intent]) -> int:
         """Delete delivered intents (keeping a copy for ``keep_delivered_s``); how many were still there."""
         keep_ns = int(self.keep_delivered_s * 1e9)
+        if keep_ns and not self._kept_ready:
+            # An outbox table made before kept intents existed gains their table here, once.
+            await self._db(lambda conn, d: _in_write(d, conn, lambda: kept.create(conn, d, self.table)))
+            self._kept_ready = True
         return await self._db(lambda conn, d: sql.ack(conn, d, self.table, [i.id for i in intents], keep_ns))
 
-    async def resend(self, since_ns: int, *, topic: str | None = None) -> int:
+    async def resend(self, since_ns: int, *, topic: str | None = None) -> kept.Resent:
         """Send again the intents delivered at or after ``since_ns`` (UTC ns; to ``topic``, or to
         any), as kept by a relay with ``keep_delivered_s``: they become intents due now, with
-        their event ids (idempotency keys) and bytes unchanged. How many."""
+        their event ids (idempotency keys) and bytes unchanged. ``oldest_kept_ns`` of the result
+        after ``since_ns`` means the window did not reach back that far."""
         if topic is not None:
             validate_name(topic, "topic")
+        if not await self._db(lambda conn, d: kept.exists(conn, d, self.table)):
+            return kept.Resent(0, None)
         return await self._db(lambda conn, d: kept.resend(conn, d, self.table, since_ns, topic))
 
     async def kept_count(self) -> int:

@@ -15,13 +15,15 @@ delivered_ns   when it was acknowledged (the clock of the relay's acks: the data
 
 An ack moves the delivered rows here in its own write transaction and drops what is older than
 the window. :func:`resend` moves rows delivered since a time back into the outbox table as new
-intents, due now; delivered again, they come back here.
+intents, due now; delivered again, they come back here. A relay with a window creates the table
+when it starts, so an outbox table made before this existed gains it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 DbConnection = Any
@@ -31,7 +33,9 @@ DbConnection = Any
 class Dialect(Protocol):
     """What this module uses of :class:`streamsched.outbox.sql.Dialect` (which imports this one)."""
 
+    name: str
     blob: str
+    lock_rows: str
 
     def q(self, sql: str) -> str: ...
 
@@ -40,6 +44,8 @@ class Dialect(Protocol):
     def write(self, conn: DbConnection) -> AbstractContextManager[None]: ...
 
 _KEPT = "topic, event_id, key, value, created_ns, traceparent"
+_CHUNK = 500
+"""Ids per statement of a re-send (well under SQLite's 32766 parameters)."""
 
 
 def sent_table(table: str) -> str:
@@ -73,9 +79,20 @@ def keep(conn: DbConnection, d: Dialect, table: str, ids: Sequence[int], now: in
     conn.execute(d.q(f"DELETE FROM {s} WHERE delivered_ns < ?"), [now - window_ns])
 
 
-def resend(conn: DbConnection, d: Dialect, table: str, since_ns: int, topic: str | None) -> int:
+@dataclass(frozen=True)
+class Resent:
+    """What :func:`resend` did: ``resent`` intents made due again; ``oldest_kept_ns``, the oldest
+    delivery still kept before it (None: none), which says whether the window reached back to
+    ``since``."""
+
+    resent: int
+    oldest_kept_ns: int | None
+
+
+def resend(conn: DbConnection, d: Dialect, table: str, since_ns: int, topic: str | None) -> Resent:
     """Move the intents delivered at or after ``since_ns`` (to ``topic``, or any) back into the
-    outbox table, due now; how many."""
+    outbox table, due now. Rows are moved by id, chunk by chunk, under the write lock (locked
+    rows on PostgreSQL), so a row a concurrent ack keeps meanwhile is neither moved nor dropped."""
     s = sent_table(table)
     where = "delivered_ns >= ?"
     params: list[object] = [since_ns]
@@ -84,12 +101,30 @@ def resend(conn: DbConnection, d: Dialect, table: str, since_ns: int, topic: str
         params.append(topic)
     with d.write(conn):
         now = d.now_ns(conn)
-        cur = conn.execute(d.q(f"INSERT INTO {table} ({_KEPT}, due_ns) SELECT {_KEPT}, ? FROM {s} "
-                               f"WHERE {where} ORDER BY id"), [now, *params])
-        moved = int(cur.rowcount)
-        conn.execute(d.q(f"DELETE FROM {s} WHERE {where}"), params)
-        return moved
+        oldest = conn.execute(f"SELECT MIN(delivered_ns) FROM {s}").fetchone()[0]
+        rows = conn.execute(d.q(f"SELECT id FROM {s} WHERE {where} ORDER BY id{d.lock_rows}"), params)
+        ids = [int(r[0]) for r in rows.fetchall()]
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start:start + _CHUNK]
+            marks = ", ".join("?" for _ in chunk)
+            conn.execute(d.q(f"INSERT INTO {table} ({_KEPT}, due_ns) SELECT {_KEPT}, ? FROM {s} "
+                             f"WHERE id IN ({marks}) ORDER BY id"), [now, *chunk])
+            conn.execute(d.q(f"DELETE FROM {s} WHERE id IN ({marks})"), chunk)
+        return Resent(len(ids), None if oldest is None else int(oldest))
+
+
+def exists(conn: DbConnection, d: Dialect, table: str) -> bool:
+    """Whether ``<table>_sent`` exists (an outbox table made before kept intents has none)."""
+    s = sent_table(table)
+    if d.name == "sqlite":
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [s]).fetchone() \
+            is not None
+    row = conn.execute("SELECT to_regclass(%s)", [s]).fetchone()
+    return bool(row and row[0] is not None)
 
 
 def count(conn: DbConnection, d: Dialect, table: str) -> int:
+    """Kept intents (0 when the table has no kept intents' table yet)."""
+    if not exists(conn, d, table):
+        return 0
     return int(conn.execute(f"SELECT COUNT(*) FROM {sent_table(table)}").fetchone()[0])

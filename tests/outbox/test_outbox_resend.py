@@ -46,8 +46,8 @@ async def test_kept_intents_are_sent_again_unchanged(backend: Backend, table: st
         assert (await outbox.counts()).pending == 0  # delivered is still gone from the backlog
 
         # Delivered since `between`: the last two only; a topic narrows it further.
-        assert await outbox.resend(between, topic="orders") == 0
-        assert await outbox.resend(between) == 2
+        assert (await outbox.resend(between, topic="orders")).resent == 0
+        assert (await outbox.resend(between)).resent == 2
         again = Sink()
         await drain(outbox, again)
         assert [decode_transition(i.value) for i in again.got] == events[2:]
@@ -55,7 +55,7 @@ async def test_kept_intents_are_sent_again_unchanged(backend: Backend, table: st
         assert [(i.topic, i.attempt) for i in again.got] == [("invoices", 1), ("invoices", 1)]
         assert await outbox.kept_count() == 4  # delivered again: kept again
 
-        assert await outbox.resend(0) == 4
+        assert (await outbox.resend(0)).resent == 4
         await drain(outbox, again)
         assert len(again.got) == 6
 
@@ -69,7 +69,8 @@ async def test_the_window_drops_older_intents(backend: Backend, table: str) -> N
         enqueue(backend, outbox, [make_event("due", "acme", ["new"])])
         await drain(outbox, Sink())  # this ack drops what is older than the window
         assert await outbox.kept_count() == 1
-        assert await outbox.resend(0) == 1
+        oldest = await outbox.resend(0)
+        assert oldest.resent == 1 and oldest.oldest_kept_ns is not None
 
 
 async def test_without_a_window_nothing_is_kept(backend: Backend, table: str) -> None:
@@ -77,7 +78,21 @@ async def test_without_a_window_nothing_is_kept(backend: Backend, table: str) ->
         enqueue(backend, outbox, [make_event("due", "acme", ["x"])])
         await drain(outbox, Sink())
         assert await outbox.kept_count() == 0
-        assert await outbox.resend(0) == 0
+        assert (await outbox.resend(0)).resent == 0
+
+
+async def test_a_table_made_before_kept_intents_gains_their_table(backend: Backend, table: str) -> None:
+    async with prepare(backend, table) as outbox:
+        with service_tx(backend) as conn:  # as an older release created it
+            conn.execute(f"DROP TABLE {table}_sent")
+        assert await outbox.kept_count() == 0 and (await outbox.resend(0)).resent == 0
+        enqueue(backend, outbox, [make_event("due", "acme", ["x"])])
+    async with Outbox(backend.dsn, table=table, keep_delivered_s=600) as relay:
+        sink = Sink()
+        await drain(relay, sink)
+        assert len(sink.got) == 1  # delivered once, acked, and kept
+        assert await relay.kept_count() == 1
+        assert (await relay.counts()).dead == 0
 
 
 async def test_resend_command(tmp_path: Path) -> None:
@@ -96,5 +111,11 @@ async def test_resend_command(tmp_path: Path) -> None:
     assert resent.returncode == 0, resent.stderr
     assert json.loads(resent.stdout)["resent"] == 2
     assert json.loads(cli("status").stdout)["pending"] == 2
+    async with Outbox(dsn, keep_delivered_s=600) as relay:
+        await drain(relay, Sink())  # delivered again: kept again
+    # Kept deliveries start after --since: the command says the window may not reach back.
+    early = cli("resend", "--since", "2000-01-01T00:00:00Z")
+    assert early.returncode == 0 and json.loads(early.stdout)["resent"] == 2
+    assert "warning: the oldest delivery still kept is after --since" in early.stderr
     bad = cli("resend", "--since", "yesterday")
     assert bad.returncode == 2 and "--since expects an ISO 8601 time" in bad.stderr

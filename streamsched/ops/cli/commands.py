@@ -203,7 +203,13 @@ def cmd_outbox(args: argparse.Namespace) -> int:
                 if args.action == "requeue":
                     return {"requeued": await outbox.requeue_dead(args.kind)}
                 if args.action == "resend":
-                    return {"resent": await outbox.resend(since_ns, topic=args.topic), "since_ns": since_ns}
+                    done = await outbox.resend(since_ns, topic=args.topic)
+                    if done.oldest_kept_ns is not None and done.oldest_kept_ns > since_ns:
+                        print("streamsched: warning: the oldest delivery still kept is after --since: "
+                              "intents delivered before it, if any, are no longer kept (a longer "
+                              "--keep-delivered window keeps them)", file=sys.stderr)
+                    return {"resent": done.resent, "since_ns": since_ns,
+                            "oldest_kept_ns": done.oldest_kept_ns}
                 return (await outbox.counts()).as_dict() | {"kept": await outbox.kept_count()}
 
         show(args, asyncio.run(once()))
