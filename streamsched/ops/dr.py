@@ -43,6 +43,8 @@ REACH_TIMEOUT_S = 15.0
 SCAN_LIMIT = 200_000
 """Records of one primary partition :func:`mirror_status` reads at most (past it: ``behind`` is
 reported as at least that)."""
+PARTITION_SCAN_S = 60.0
+"""How long :func:`mirror_status` reads one primary partition at most (past it: a lower bound)."""
 NEWEST_WINDOW = 4096
 """How far back from a partition's end :func:`mirror_status` looks for the secondary's newest record."""
 _SHAPE_KEYS = ("cleanup.policy", "retention.ms", "max.message.bytes", "message.timestamp.type")
@@ -106,8 +108,11 @@ class PartitionLag:
     outcomes: int = 0
     """Identities among them whose state record carries an outcome (state topics)."""
     exact: bool = True
-    """False when the secondary's newest record was not found on the primary (``behind`` then
-    counts from the record with the same timestamp) or the scan limit was reached."""
+    """False when ``behind`` is a lower bound or unknown: the secondary's newest record was not
+    found on the primary (the count then starts at the record with its timestamp), or the scan
+    stopped at its limit or deadline, or the partition could not be read."""
+    error: str | None = None
+    """Why the primary's partition could not be read (an error type), if it could not."""
 
 
 @dataclass
@@ -135,6 +140,7 @@ class MirrorStatus:
     def to_dict(self) -> dict[str, Any]:
         return {"source_reachable": self.source_reachable, "behind": self.behind, "behind_s": self.behind_s,
                 "outcomes_not_mirrored": self.outcomes_not_mirrored, "at_ms": self.at_ms,
+                "exact": self.source_reachable and all(p.exact for p in self.partitions),
                 "partitions": [asdict(p) for p in self.partitions]}
 
 
@@ -156,8 +162,12 @@ async def mirror_status(source: clients.Conn, target: clients.Conn, topics: Iter
     try:
         for (topic, partition), (end, newest) in sorted(secondary.items()):
             lag = PartitionLag(topic, partition, end, newest[0] if newest else None)
-            await _compare(primary, lag, newest, decode_outcomes=topic in states, scan_limit=scan_limit,
-                           now_ms=status.at_ms)
+            try:
+                await _compare(primary, lag, newest, decode_outcomes=topic in states, scan_limit=scan_limit,
+                               now_ms=status.at_ms)
+            except (TimeoutError, KafkaError) as exc:
+                # This partition of the primary cannot be read (no leader, say): say so, go on.
+                lag.behind, lag.behind_s, lag.exact, lag.error = None, None, False, type(exc).__name__
             status.partitions.append(lag)
     finally:
         await primary.stop()
@@ -216,19 +226,23 @@ async def _compare(primary: Any, lag: PartitionLag, newest: Newest | None, *, de
 
     tp = TopicPartition(lag.topic, lag.partition)
     primary.assign([tp])
-    end = int((await primary.end_offsets([tp]))[tp])
+    deadline = time.monotonic() + PARTITION_SCAN_S
+    end = int((await asyncio.wait_for(primary.end_offsets([tp]), REACH_TIMEOUT_S))[tp])
     if newest is None:
         await primary.seek_to_beginning(tp)
     else:
-        found = (await primary.offsets_for_times({tp: newest[0]})).get(tp)
-        if found is None:  # nothing at or after that time on the primary: caught up
-            lag.behind, lag.behind_s = 0, 0.0
+        found = (await asyncio.wait_for(primary.offsets_for_times({tp: newest[0]}), REACH_TIMEOUT_S)).get(tp)
+        if found is None:
+            # No record of the primary is as new as the secondary's newest: its copy was
+            # re-stamped (a topic with LogAppendTime) or the original compacted away. The
+            # position cannot be found by content.
+            lag.behind, lag.behind_s, lag.exact = None, None, False
             return
         primary.seek(tp, int(found.offset))
     matched, read, oldest_ms = newest is None, 0, None
     keys: set[bytes | None] = set()
     behind = 0
-    while await primary.position(tp) < end and read < scan_limit:
+    while await primary.position(tp) < end and read < scan_limit and time.monotonic() < deadline:
         batch = await primary.getmany(tp, timeout_ms=2000, max_records=2000)
         for rec in batch.get(tp, []):
             read += 1
@@ -240,7 +254,7 @@ async def _compare(primary: Any, lag: PartitionLag, newest: Newest | None, *, de
             oldest_ms = int(rec.timestamp) if oldest_ms is None else oldest_ms
             if decode_outcomes and rec.value is not None and _has_outcome(rec.value):
                 keys.add(rec.key)
-    lag.exact = matched and read < scan_limit
+    lag.exact = matched and await primary.position(tp) >= end
     lag.behind, lag.outcomes = behind, len(keys)
     lag.behind_s = 0.0 if oldest_ms is None else max(0.0, (now_ms - oldest_ms) / 1000)
 

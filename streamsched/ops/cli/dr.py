@@ -203,13 +203,15 @@ def _status_table(status: Any) -> str:
     if not status.source_reachable:
         lines.append("the primary cluster did not answer: showing this cluster's side only")
     else:
-        lines.append(f"behind: {status.behind} record(s), oldest {status.behind_s:.1f}s old; outcomes not "
-                     f"mirrored: {status.outcomes_not_mirrored}")
+        at_least = "" if all(p.exact for p in status.partitions) else "at least "
+        lines.append(f"behind: {at_least}{status.behind} record(s), oldest {status.behind_s:.1f}s old; "
+                     f"outcomes not mirrored: {at_least}{status.outcomes_not_mirrored}")
     for p in status.partitions:
         behind = "?" if p.behind is None else f"{p.behind}{'' if p.exact else '~'}"
         age = "-" if p.behind_s is None else f"{p.behind_s:.1f}s"
+        error = f"  unreadable on the primary ({p.error})" if p.error else ""
         lines.append(f"{p.topic}[{p.partition}]  mirrored_end={p.mirrored_end}  behind={behind}  oldest={age}"
-                     f"  outcomes={p.outcomes}")
+                     f"  outcomes={p.outcomes}{error}")
     return "\n".join(lines)
 
 
