@@ -50,7 +50,8 @@ async def test_a_scan_that_never_reaches_the_end_is_a_lower_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dr, "PARTITION_SCAN_S", 0.2)
     lag = PartitionLag("t", 0, 5, 1000)
-    await _compare(StuckPrimary(), lag, (1000, b"k", b"v"), decode_outcomes=False, scan_limit=100, now_ms=2000)
+    await _compare(StuckPrimary(), lag, (1000, b"k", b"v"), decode_outcomes=False, scan_limit=100,
+                   now_ms=2000)
     assert lag.exact is False  # never "caught up"
 
 
