@@ -8,7 +8,8 @@ What a failover needs from the mirror, and the setting that gives it (:meth:`Mir
   topic named ``__*`` as Kafka-internal and never mirrors it, and every streamsched-owned topic
   (state, delay, dead letters, audit, control) is named ``__streamsched.*``. The class is
   compiled once from ``streamsched/_kafka/StreamschedReplicationPolicy.java`` into the cache
-  (the stock topic filter's ``__.*`` exclusion is lifted the same way: ``topics.exclude``);
+  (the stock topic filter's exclusions, ``__.*`` among them, are lifted: ``topics.exclude``;
+  the list of topics is exact names anyway);
 * **committed records only**: the primary's consumer reads ``read_committed`` (the default
   mirrors an aborted claim as an ordinary record, compacted state topics included);
 * **the groups' positions**: checkpoints and ``sync.group.offsets.enabled``, every second, with
@@ -23,6 +24,8 @@ resolved by Maven into the same cache as the broker's (:mod:`streamsched.ops.bro
 
 from __future__ import annotations
 
+import ctypes
+import os
 import re
 import signal
 import subprocess
@@ -41,6 +44,7 @@ POLICY_CLASS = "dev.streamsched.mirror.StreamschedReplicationPolicy"
 SOURCE_ALIAS = "primary"
 TARGET_ALIAS = "secondary"
 DEFAULT_HEAP = "-Xmx384m"
+_PR_SET_PDEATHSIG = 1
 _ALIAS = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 _SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
 _PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
@@ -142,6 +146,10 @@ class MirrorPlan:
             raise ConfigError("the two clusters need different aliases")
         if not self.topics:
             raise ConfigError("nothing to mirror: name the topics (--dir, --app, --catalog)")
+        internal = sorted(t for t in self.topics if t.endswith((".internal", "-internal")))
+        if internal:
+            raise ConfigError(f"topic {internal[0]} cannot be mirrored: MirrorMaker takes every topic named "
+                              f"*.internal or *-internal for its own and never copies it")
 
     @property
     def flow(self) -> str:
@@ -162,7 +170,7 @@ class MirrorPlan:
                  f"{b}->{a}.enabled": "false",
                  f"{b}->{a}.emit.heartbeats.enabled": "false",
                  "replication.policy.class": POLICY_CLASS,
-                 "topics.exclude": r".*[\-\.]internal, .*\.replica",
+                 "topics.exclude": "",
                  f"{a}.consumer.isolation.level": "read_committed",
                  "sync.topic.acls.enabled": "false",
                  "sync.group.offsets.enabled": "true",
@@ -179,22 +187,58 @@ class MirrorPlan:
             props[f"{topic}.replication.factor"] = rf
         for alias, conn in ((a, self.source), (b, self.target)):
             props |= {f"{alias}.{k}": v for k, v in java_client_properties(conn).items()}
-        locked = {f"{self.flow}.topics", f"{self.flow}.groups", "replication.policy.class",
-                  f"{a}.consumer.isolation.level"}
-        own = (".sasl.jaas.config", "bootstrap.servers")
-        bad = sorted(k for k in self.options if k in locked or k.endswith(own))
+        bad = sorted(k for k in self.options if _locked(k))
         if bad:
             raise ConfigError(f"MirrorMaker setting {bad[0]} is set by streamsched (what a failover relies "
                               f"on, or the connection's own)")
         return props | self.options
 
 
+_LOCKED = re.compile(r"(.*\.)?(topics|groups)(\.exclude)?|replication\.policy\..*|.*isolation\.level"
+                     r"|.*bootstrap\.servers|.*security\.protocol|(.*\.)?(ssl|sasl)\..*")
+"""Settings a ``--mirror-option`` may not set: what is mirrored, how names map, what is read, and
+the clusters' connections (from the connection files)."""
+
+
+def _locked(key: str) -> bool:
+    return bool(_LOCKED.fullmatch(key))
+
+
 def render_properties(props: dict[str, str]) -> str:
     """``props`` as a Java properties file (backslashes doubled, line breaks escaped)."""
     def esc(text: str, *, key: bool = False) -> str:
         out = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+        # Java reads a properties file as ISO-8859-1: anything past ASCII as \uXXXX escapes.
+        out = "".join(c if 0x20 <= ord(c) < 0x7F else _unicode_escape(c) for c in out)
         return re.sub(r"([=: #!])", r"\\\1", out) if key else out
     return "".join(f"{esc(k, key=True)} = {esc(v)}\n" for k, v in props.items())
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the pid file is how an operator finds it
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unicode_escape(char: str) -> str:
+    """``char`` as Java's properties escapes (UTF-16 code units: a surrogate pair past U+FFFF)."""
+    raw = char.encode("utf-16-be")
+    return "".join(f"\\u{int.from_bytes(raw[i:i + 2], 'big'):04x}" for i in range(0, len(raw), 2))
 
 
 @dataclass
@@ -209,6 +253,10 @@ class MirrorMaker:
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> MirrorMaker:
+        pid_file = self.workdir / "mirror.pid"
+        if pid_file.exists() and _alive(int(pid_file.read_text().strip() or 0)):
+            raise BrokerError(f"a MirrorMaker of {self.workdir} is running already (pid "
+                              f"{pid_file.read_text().strip()}): stop it first, or give another --workdir")
         classpath = ensure_mirror_jars(self.version)
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = private_file(self.workdir / "mm2.properties", render_properties(self.plan.properties()))
@@ -220,8 +268,11 @@ class MirrorMaker:
                str(config), "--clusters", self.plan.target_alias]
         out = open(self.workdir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
         try:
+            # Its own session (a terminal's Ctrl-C goes to this process, which stops it in order),
+            # but it dies with this process: a mirror left running after a failover's "stop the
+            # mirror" would go on writing the primary's records into the secondary.
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
         finally:
             out.close()
         # Its pid, for an operator (or a supervisor) that has to stop it without this process.

@@ -37,13 +37,17 @@ def java_properties(text: str) -> dict[str, str]:
             i += 1
         raw, value, j = line[i + 3:], [], 0
         while j < len(raw):
+            if raw[j] == "\\" and raw[j + 1] == "u":
+                value.append(chr(int(raw[j + 2:j + 6], 16)))  # one UTF-16 code unit
+                j += 6
+                continue
             if raw[j] == "\\":
                 j += 1
                 value.append({"n": "\n", "r": "\r"}.get(raw[j], raw[j]))
             else:
                 value.append(raw[j])
             j += 1
-        out["".join(key_chars)] = "".join(value)
+        out["".join(key_chars)] = "".join(value).encode("utf-16", "surrogatepass").decode("utf-16")
     return out
 
 
@@ -58,7 +62,7 @@ def test_the_settings_a_failover_relies_on() -> None:
     assert props["primary.consumer.isolation.level"] == "read_committed"
     assert props["sync.group.offsets.enabled"] == "true"
     assert props["offset-syncs.topic.location"] == "target"
-    assert "__" not in props["topics.exclude"]  # the stock filter drops every __* topic
+    assert props["topics.exclude"] == ""  # the stock filter drops every __* topic
     assert props["primary.bootstrap.servers"] == "a:9092" and props["secondary.bootstrap.servers"] == "b:9092"
     assert all(v == "1" for k, v in props.items() if k.endswith("replication.factor"))
     assert plan.checkpoints_topic == checkpoints_topic("primary") == "primary.checkpoints.internal"
@@ -78,6 +82,10 @@ def test_rendered_file_reads_back_as_written() -> None:
     plan = MirrorPlan(A, B, ("a.b",), ("g",), options={"primary.consumer.client.rack": "x=y"})
     props = plan.properties()
     assert java_properties(render_properties(props)) == props
+    # Java reads the file as ISO-8859-1: a credential past ASCII travels as \u escapes.
+    odd = {"secondary.sasl.jaas.config": "p\u00e4ss\U0001f600\tw"}
+    text = render_properties(odd)
+    assert text.isascii() and java_properties(text) == odd
     # The topic list's escapes survive Java's reading (a single backslash would be dropped).
     assert "\\\\." in render_properties(props)
 
@@ -100,7 +108,9 @@ def test_a_token_provider_cannot_be_handed_to_java() -> None:
 
 
 @pytest.mark.parametrize("key", ["primary.consumer.isolation.level", "replication.policy.class",
-                                 "primary->secondary.topics", "secondary.bootstrap.servers"])
+                                 "primary->secondary.topics", "secondary.bootstrap.servers", "topics.exclude",
+                                 "primary.security.protocol", "secondary.ssl.truststore.location",
+                                 "primary->secondary.consumer.isolation.level", "groups.exclude"])
 def test_settings_that_undo_the_plan_are_refused(key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace(">", ">")):
         MirrorPlan(A, B, ("t",), options={key: "x"}).properties()
@@ -110,6 +120,17 @@ def test_settings_that_undo_the_plan_are_refused(key: str) -> None:
 def test_bad_aliases_are_refused(alias: str) -> None:
     with pytest.raises(ConfigError, match="alias"):
         MirrorPlan(A, B, ("t",), source_alias=alias)
+
+
+def test_other_settings_pass_through() -> None:
+    props = MirrorPlan(A, B, ("t",), options={"primary.consumer.fetch.max.wait.ms": "1500",
+                                               "tasks.max": "8"}).properties()
+    assert props["primary.consumer.fetch.max.wait.ms"] == "1500" and props["tasks.max"] == "8"
+
+
+def test_a_topic_mirrormaker_takes_for_its_own_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"orders\.internal cannot be mirrored"):
+        MirrorPlan(A, B, ("t", "orders.internal"))
 
 
 def test_nothing_to_mirror_is_refused() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -168,7 +169,8 @@ def _mirror(args: argparse.Namespace, target: Connection, specs: list[TopicSpec]
               f"logs in {args.workdir}", file=sys.stderr)
         try:
             while mm.running and not stop.is_set():
-                await asyncio.wait([asyncio.ensure_future(stop.wait())], timeout=1.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
         finally:
             await asyncio.to_thread(mm.stop)
         code = mm.proc.returncode if mm.proc is not None else 0
