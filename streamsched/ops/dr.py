@@ -30,7 +30,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from streamsched.errors import ConfigError, StreamschedError
+from streamsched.errors import ConfigError, DecodeError, StreamschedError
 from streamsched.kafka import clients
 from streamsched.kafka.admin import TopicSpec, describe_configs
 from streamsched.model.claims import ClaimState
@@ -43,6 +43,8 @@ REACH_TIMEOUT_S = 15.0
 SCAN_LIMIT = 200_000
 """Records of one primary partition :func:`mirror_status` reads at most (past it: ``behind`` is
 reported as at least that)."""
+CHECKPOINTS_READ_S = 300.0
+"""How long :func:`failover` reads the checkpoints topic at most."""
 PARTITION_SCAN_S = 60.0
 """How long :func:`mirror_status` reads one primary partition at most (past it: a lower bound)."""
 NEWEST_WINDOW = 4096
@@ -87,6 +89,23 @@ async def check_source(source: clients.Conn, specs: Iterable[TopicSpec]) -> None
             if want is not None and have.get(key) != want and not bound:
                 raise ConfigError(f"topic {s.name} has {key}={have.get(key)} on the primary cluster, the "
                                   f"definition says {want}")
+
+
+CHECKPOINTS_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
+"""The checkpoints topic as ``dr mirror`` creates it: compacted in 10-minute segments. MirrorMaker's
+own (Kafka's default week-long segments) would hold every checkpoint of the week, one per group
+and partition a second, for ``dr failover`` to read."""
+
+
+async def ensure_checkpoints_topic(target: clients.Conn, topic: str, replication: int) -> bool:
+    """Create MirrorMaker's checkpoints ``topic`` on the secondary unless it exists (one partition,
+    as MirrorMaker makes it, with :data:`CHECKPOINTS_CONFIG`); whether it was created."""
+    from streamsched.kafka.admin import apply, partition_counts
+
+    if (await partition_counts(target, [topic], missing_ok=True))[topic]:
+        return False
+    await apply(target, [TopicSpec(topic, 1, replication, kind="output", config=dict(CHECKPOINTS_CONFIG))])
+    return True
 
 
 # --- how far the mirror is behind --------------------------------------------------------------------
@@ -280,18 +299,43 @@ class GroupMove:
     moved: bool
 
 
-async def read_checkpoints(target: clients.Conn, topic: str, groups: Iterable[str]) -> dict[
-        tuple[str, str, int], Checkpoint]:
-    """The newest checkpoint per (group, topic, partition) of ``groups`` on the checkpoints ``topic``."""
-    from streamsched.kafka.reads import read_topic
+async def read_checkpoints(target: clients.Conn, topic: str, groups: Iterable[str], *,
+                           timeout_s: float = CHECKPOINTS_READ_S) -> dict[tuple[str, str, int], Checkpoint]:
+    """The newest checkpoint per (group, topic, partition) of ``groups`` on the checkpoints
+    ``topic``, read to its end as it streams by: memory holds one checkpoint per key, whatever
+    the topic's length (compaction may lag far behind a checkpoint a second). A record that is
+    not a checkpoint, or another group's, is passed over."""
+    from aiokafka import TopicPartition
+
+    from streamsched.kafka import compat
 
     wanted = set(groups)
     newest: dict[tuple[str, str, int], Checkpoint] = {}
-    for rec in await read_topic(target, topic):
-        cp = decode_checkpoint(rec.key, rec.value)
-        if cp.group in wanted:
-            newest[(cp.group, cp.topic, cp.partition)] = cp
-    return newest
+    consumer = clients.consumer(target, max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    try:
+        await compat.refresh_metadata(consumer)
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return newest
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        for tp in tps:
+            while await consumer.position(tp) < end[tp]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading {topic} did not reach its end in {timeout_s:.0f}s")
+                for rec in (await consumer.getmany(tp, timeout_ms=1000, max_records=5000)).get(tp, []):
+                    try:
+                        cp = decode_checkpoint(rec.key, rec.value)
+                    except DecodeError:
+                        continue  # a tombstone, a newer layout: not a position to move to
+                    if cp.group in wanted:
+                        newest[(cp.group, cp.topic, cp.partition)] = cp
+        return newest
+    finally:
+        await consumer.stop()
 
 
 async def failover(target: clients.Conn, groups: Iterable[str], checkpoints_topic: str, *,

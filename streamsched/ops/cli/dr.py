@@ -158,12 +158,15 @@ def _mirror(args: argparse.Namespace, target: Connection, specs: list[TopicSpec]
     source = source_connection(args)
     assert source is not None
     replication = args.replication or default_replication(asyncio.run(_brokers(target)))
+    from streamsched.ops.dr import ensure_checkpoints_topic
+
     options = dict(_pair(o) for o in args.mirror_option)
     plan = MirrorPlan(source, target, tuple(s.name for s in specs), tuple(groups), replication=replication,
                       source_alias=args.source_alias, target_alias=args.target_alias, options=options)
 
     async def run() -> int:
         stop = stop_on_signals()
+        await ensure_checkpoints_topic(target, plan.checkpoints_topic, replication)
         mm = MirrorMaker(plan, Path(args.workdir)).start()
         print(f"MirrorMaker {mm.version} mirrors {len(plan.topics)} topic(s) and {len(groups)} group(s); "
               f"logs in {args.workdir}", file=sys.stderr)
