@@ -23,7 +23,7 @@ NO_START = if [ ! -e /usr/sbin/policy-rc.d ]; then printf '\#!/bin/sh\nexit 101\
   && chmod +x /usr/sbin/policy-rc.d && made=1; fi
 NO_START_END = [ -z "$$made" ] || rm -f /usr/sbin/policy-rc.d
 
-.PHONY: venv venv-base jars registry lint promtool chromium postgres fault-tools test-faults metrics-doc cli-doc config-doc docs test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
+.PHONY: venv venv-base jars mirror-jars registry lint promtool chromium postgres fault-tools test-faults metrics-doc cli-doc config-doc docs test test-kafka-other test-unit test-kafka demo bench broker-start broker-stop clean
 
 $(BASE_STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ KAFKA_OTHER ?= 3.9.1
 
 jars: venv-base
 	$(BIN)/python -c "from streamsched.ops.broker import ensure_jars; from streamsched.kafka.version import TESTED_KAFKA_VERSIONS as V; [print('kafka jars:', ensure_jars(v)) for v in V]"
+
+# MirrorMaker 2 (Kafka's connect-mirror) for the disaster-recovery tests, fetched by mvn into the
+# same cache, with streamsched's replication policy compiled beside it (tests fetch it themselves too).
+mirror-jars: venv-base
 	$(BIN)/python -c "from streamsched.ops.mirror import ensure_mirror_jars; print('mirror jars:', ensure_mirror_jars()[0])"
 
 # Apicurio Registry, the schema registry the registry tests run (streamsched/testing/registry.py):
@@ -117,7 +121,7 @@ lint: venv
 
 # Each pytest run ends with its skips and their reasons; under CI=true a skip that
 # tests/skips-allowed.txt does not list fails it (tests/skip_audit.py).
-test: venv jars registry lint docs promtool chromium postgres
+test: venv jars mirror-jars registry lint docs promtool chromium postgres
 	$(BIN)/python -m pytest -q -ra -m "not faults"
 	$(MAKE) --no-print-directory test-faults
 	$(MAKE) --no-print-directory test-kafka-other
@@ -125,7 +129,7 @@ test: venv jars registry lint docs promtool chromium postgres
 # The fault matrix: each scenario on a fresh three-node cluster, workers as real processes.
 # Network cuts need root, network namespaces and nftables; clock skew needs libfaketime; a
 # scenario skips, saying why, where its tool cannot be had (and fails under CI=true).
-test-faults: venv jars fault-tools
+test-faults: venv jars mirror-jars fault-tools
 	$(BIN)/python -m pytest -q -ra -m faults tests/faults
 
 fault-tools:
