@@ -225,7 +225,7 @@ async def _newest(conn: clients.Conn, topics: list[str]) -> dict[tuple[str, int]
                 consumer.seek(tp, hi - back)
                 records: list[Any] = []
                 deadline = time.monotonic() + REACH_TIMEOUT_S
-                while await consumer.position(tp) < hi and time.monotonic() < deadline:
+                while await _position(consumer, tp) < hi and time.monotonic() < deadline:
                     records.extend((await consumer.getmany(tp, timeout_ms=1000)).get(tp, []))
                 if records:
                     last = records[-1]
@@ -261,7 +261,7 @@ async def _compare(primary: Any, lag: PartitionLag, newest: Newest | None, *, de
     matched, read, oldest_ms = newest is None, 0, None
     keys: set[bytes | None] = set()
     behind = 0
-    while await primary.position(tp) < end and read < scan_limit and time.monotonic() < deadline:
+    while await _position(primary, tp) < end and read < scan_limit and time.monotonic() < deadline:
         batch = await primary.getmany(tp, timeout_ms=2000, max_records=2000)
         for rec in batch.get(tp, []):
             read += 1
@@ -273,9 +273,15 @@ async def _compare(primary: Any, lag: PartitionLag, newest: Newest | None, *, de
             oldest_ms = int(rec.timestamp) if oldest_ms is None else oldest_ms
             if decode_outcomes and rec.value is not None and _has_outcome(rec.value):
                 keys.add(rec.key)
-    lag.exact = matched and await primary.position(tp) >= end
+    lag.exact = matched and await _position(primary, tp) >= end
     lag.behind, lag.outcomes = behind, len(keys)
     lag.behind_s = 0.0 if oldest_ms is None else max(0.0, (now_ms - oldest_ms) / 1000)
+
+
+async def _position(consumer: Any, tp: Any) -> int:
+    """The consumer's position in ``tp``, bounded: after a seek it waits for an offset lookup,
+    which a partition without a leader never answers."""
+    return int(await asyncio.wait_for(consumer.position(tp), REACH_TIMEOUT_S))
 
 
 def _has_outcome(value: bytes) -> bool:
@@ -323,7 +329,7 @@ async def read_checkpoints(target: clients.Conn, topic: str, groups: Iterable[st
         end = await consumer.end_offsets(tps)
         deadline = time.monotonic() + timeout_s
         for tp in tps:
-            while await consumer.position(tp) < end[tp]:
+            while await _position(consumer, tp) < end[tp]:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"reading {topic} did not reach its end in {timeout_s:.0f}s")
                 for rec in (await consumer.getmany(tp, timeout_ms=1000, max_records=5000)).get(tp, []):

@@ -25,14 +25,17 @@ resolved by Maven into the same cache as the broker's (:mod:`streamsched.ops.bro
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import IO
 
 from streamsched.errors import BrokerError, ConfigError
 from streamsched.kafka.clients import Connection
@@ -40,6 +43,8 @@ from streamsched.ops.broker_jars import cache_root, java, logging_config, run_mv
 from streamsched.ops.broker_security import private_file
 
 MIRROR_VERSION = "4.2.0"
+OWN_PREFIX = "__streamsched."
+"""streamsched's own topics: mirrored although named ``__*`` (the replication policy's exception)."""
 POLICY_CLASS = "dev.streamsched.mirror.StreamschedReplicationPolicy"
 SOURCE_ALIAS = "primary"
 TARGET_ALIAS = "secondary"
@@ -146,10 +151,12 @@ class MirrorPlan:
             raise ConfigError("the two clusters need different aliases")
         if not self.topics:
             raise ConfigError("nothing to mirror: name the topics (--dir, --app, --catalog)")
-        internal = sorted(t for t in self.topics if t.endswith((".internal", "-internal")))
+        internal = sorted(t for t in self.topics if t.endswith((".internal", "-internal"))
+                          or t.startswith(".") or (t.startswith("__") and not t.startswith(OWN_PREFIX)))
         if internal:
-            raise ConfigError(f"topic {internal[0]} cannot be mirrored: MirrorMaker takes every topic named "
-                              f"*.internal or *-internal for its own and never copies it")
+            raise ConfigError(f"topic {internal[0]} cannot be mirrored: MirrorMaker takes every topic "
+                              f"named *.internal, *-internal, .* or __* (but streamsched's own) for an "
+                              f"internal one and never copies it")
 
     @property
     def flow(self) -> str:
@@ -171,6 +178,7 @@ class MirrorPlan:
                  f"{b}->{a}.emit.heartbeats.enabled": "false",
                  "replication.policy.class": POLICY_CLASS,
                  "topics.exclude": "",
+                 "groups.exclude": "",
                  f"{a}.consumer.isolation.level": "read_committed",
                  "sync.topic.acls.enabled": "false",
                  "sync.group.offsets.enabled": "true",
@@ -194,14 +202,25 @@ class MirrorPlan:
         return props | self.options
 
 
-_LOCKED = re.compile(r"(.*\.)?(topics|groups)(\.exclude)?|replication\.policy\..*|.*isolation\.level"
-                     r"|.*bootstrap\.servers|.*security\.protocol|(.*\.)?(ssl|sasl)\..*")
-"""Settings a ``--mirror-option`` may not set: what is mirrored, how names map, what is read, and
-the clusters' connections (from the connection files)."""
+_LOCKED_BASE = frozenset({
+    "clusters", "enabled", "topics", "groups", "topics.exclude", "groups.exclude", "topics.blacklist",
+    "groups.blacklist", "topic.filter.class", "group.filter.class", "config.properties.exclude",
+    "replication.policy.class", "replication.policy.separator", "offset-syncs.topic.location",
+    "emit.checkpoints.enabled", "sync.group.offsets.enabled", "sync.topic.acls.enabled",
+    "emit.heartbeats.enabled"})
+"""Settings a ``--mirror-option`` may not set, plain or under a cluster's or a flow's prefix: what
+is mirrored, how names map, whether positions are translated and where the syncs live."""
+_LOCKED_ANYWHERE = re.compile(r".*isolation\.level|.*bootstrap\.servers|.*security\.protocol"
+                              r"|(.*\.)?(ssl|sasl)\..*")
+"""...and what is read, and the clusters' connections (from the connection files)."""
+_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_]*(->[A-Za-z][A-Za-z0-9_]*)?\.")
 
 
 def _locked(key: str) -> bool:
-    return bool(_LOCKED.fullmatch(key))
+    if _LOCKED_ANYWHERE.fullmatch(key) or key in _LOCKED_BASE:
+        return True
+    prefix = _PREFIX.match(key)
+    return prefix is not None and key[prefix.end():] in _LOCKED_BASE
 
 
 def render_properties(props: dict[str, str]) -> str:
@@ -214,13 +233,22 @@ def render_properties(props: dict[str, str]) -> str:
     return "".join(f"{esc(k, key=True)} = {esc(v)}\n" for k, v in props.items())
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+def _death_signal() -> Callable[[], None] | None:
+    """What the child runs before exec so that it gets SIGTERM when this process dies (Linux
+    ``PR_SET_PDEATHSIG``; None elsewhere: the pid file is how an operator finds it). ``prctl`` is
+    looked up here, in the parent: the child of a threaded process runs no loader code."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass  # not Linux: the pid file is how an operator finds it
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 def _alive(pid: int) -> bool:
@@ -251,14 +279,29 @@ class MirrorMaker:
     heap: str = DEFAULT_HEAP
     version: str = MIRROR_VERSION
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _lock: IO[str] | None = field(default=None, repr=False)
+
+    def claim_workdir(self) -> None:
+        """Hold ``workdir``'s lock for this object's life; :class:`BrokerError` if another holds
+        it, or if the MirrorMaker its pid file names is still running (its parent died)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        held = self._lock if self._lock is not None else open(self.workdir / "mirror.lock", "a")  # noqa: SIM115
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.close()
+            raise BrokerError(f"a MirrorMaker of {self.workdir} is running already: stop it first, or give "
+                              f"another --workdir") from None
+        self._lock = held
+        pid_file = self.workdir / "mirror.pid"
+        text = pid_file.read_text().strip() if pid_file.exists() else ""
+        if text.isdigit() and _alive(int(text)):
+            raise BrokerError(f"a MirrorMaker of {self.workdir} is running already (pid {text}): stop it "
+                              f"first, or give another --workdir")
 
     def start(self) -> MirrorMaker:
-        pid_file = self.workdir / "mirror.pid"
-        if pid_file.exists() and _alive(int(pid_file.read_text().strip() or 0)):
-            raise BrokerError(f"a MirrorMaker of {self.workdir} is running already (pid "
-                              f"{pid_file.read_text().strip()}): stop it first, or give another --workdir")
+        self.claim_workdir()
         classpath = ensure_mirror_jars(self.version)
-        self.workdir.mkdir(parents=True, exist_ok=True)
         config = private_file(self.workdir / "mm2.properties", render_properties(self.plan.properties()))
         name, text, option = logging_config(self.version)
         (self.workdir / name).write_text(text)
@@ -272,7 +315,7 @@ class MirrorMaker:
             # but it dies with this process: a mirror left running after a failover's "stop the
             # mirror" would go on writing the primary's records into the secondary.
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                                         start_new_session=True, preexec_fn=_death_signal())
         finally:
             out.close()
         # Its pid, for an operator (or a supervisor) that has to stop it without this process.
@@ -286,6 +329,9 @@ class MirrorMaker:
     def stop(self, *, timeout: float = 20.0, sig: int = signal.SIGTERM) -> None:
         """Stop the process (SIGTERM, then SIGKILL past ``timeout``)."""
         if self.proc is None or self.proc.poll() is not None:
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
             return
         self.proc.send_signal(sig)
         deadline = time.monotonic() + timeout
@@ -295,6 +341,9 @@ class MirrorMaker:
             self.proc.kill()
             self.proc.wait(10)
         (self.workdir / "mirror.pid").unlink(missing_ok=True)
+        if self._lock is not None:
+            self._lock.close()  # releases the workdir
+            self._lock = None
 
     def __enter__(self) -> MirrorMaker:
         return self.start()

@@ -167,8 +167,10 @@ class Outbox:
         """Delete delivered intents (keeping a copy for ``keep_delivered_s``); how many were still there."""
         keep_ns = int(self.keep_delivered_s * 1e9)
         if keep_ns and not self._kept_ready:
-            # An outbox table made before kept intents existed gains their table here, once.
-            await self._db(lambda conn, d: _in_write(d, conn, lambda: kept.create(conn, d, self.table)))
+            # An outbox table made before kept intents existed gains their table here, once; only
+            # when it is missing (creating needs rights a relay's role may not have on PostgreSQL).
+            if not await self._db(lambda conn, d: kept.exists(conn, d, self.table)):
+                await self._db(lambda conn, d: _in_write(d, conn, lambda: kept.create(conn, d, self.table)))
             self._kept_ready = True
         return await self._db(lambda conn, d: sql.ack(conn, d, self.table, [i.id for i in intents], keep_ns))
 

@@ -16,7 +16,7 @@ delivered_ns   when it was acknowledged (the clock of the relay's acks: the data
 An ack moves the delivered rows here in its own write transaction and drops what is older than
 the window. :func:`resend` moves rows delivered since a time back into the outbox table as new
 intents, due now; delivered again, they come back here. A relay with a window creates the table
-when it starts, so an outbox table made before this existed gains it.
+at its first ack if it is missing, so an outbox table made before this existed gains it.
 """
 
 from __future__ import annotations

@@ -18,10 +18,17 @@ from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from streamsched.kafka import clients
-from streamsched.kafka.admin import TopicSpec, apply
+from streamsched.kafka.admin import TopicSpec, apply, describe_configs
 from streamsched.model.claims import ClaimState, ClaimStatus, Outcome, OutcomeKind
 from streamsched.ops.broker import free_port
-from streamsched.ops.dr import PartitionLag, _compare, failover, mirror_status
+from streamsched.ops.dr import (
+    CHECKPOINTS_CONFIG,
+    PartitionLag,
+    _compare,
+    ensure_checkpoints_topic,
+    failover,
+    mirror_status,
+)
 from streamsched.ops.replay import ReplayRefused
 from streamsched.wire.claim import CLAIM_CODEC
 from streamsched.wire.mirror import Checkpoint
@@ -119,6 +126,20 @@ async def test_failover_commits_the_newest_checkpoint_never_backwards(
     assert {(m.partition, m.moved) for m in moves} == {(0, True), (1, False), (2, True)}
     assert await _committed(bootstrap, group, tps) == {0: 6, 1: 8, 2: 4}
     assert await _committed(bootstrap, other, tps[:1]) == {0: None}  # a group not named is left alone
+
+
+async def test_dr_mirror_makes_the_checkpoints_topic_compacted_in_short_segments(
+        bootstrap: str, unique: Callable[[str], str]) -> None:
+    topic = f"p{uuid.uuid4().hex[:8]}.checkpoints.internal"
+    assert await ensure_checkpoints_topic(bootstrap, topic, 1)
+    assert not await ensure_checkpoints_topic(bootstrap, topic, 1)  # there already: left alone
+    admin = clients.admin(bootstrap)
+    await admin.start()
+    try:
+        configs = (await describe_configs(admin, [topic]))[topic]
+    finally:
+        await admin.close()
+    assert {k: configs[k] for k in CHECKPOINTS_CONFIG} == CHECKPOINTS_CONFIG
 
 
 async def test_failover_is_refused_while_the_group_has_members(

@@ -5,13 +5,16 @@ exact topic names, credentials handed over in Java's form, and settings that wou
 from __future__ import annotations
 
 import io
+import os
+from pathlib import Path
 
 import pytest
 
-from streamsched.errors import ConfigError
+from streamsched.errors import BrokerError, ConfigError
 from streamsched.kafka.clients import Connection
 from streamsched.ops.mirror import (
     POLICY_CLASS,
+    MirrorMaker,
     MirrorPlan,
     checkpoints_topic,
     exact_patterns,
@@ -110,7 +113,12 @@ def test_a_token_provider_cannot_be_handed_to_java() -> None:
 @pytest.mark.parametrize("key", ["primary.consumer.isolation.level", "replication.policy.class",
                                  "primary->secondary.topics", "secondary.bootstrap.servers", "topics.exclude",
                                  "primary.security.protocol", "secondary.ssl.truststore.location",
-                                 "primary->secondary.consumer.isolation.level", "groups.exclude"])
+                                 "primary->secondary.consumer.isolation.level", "groups.exclude",
+                                 "primary->secondary.replication.policy.class", "topic.filter.class",
+                                 "group.filter.class", "offset-syncs.topic.location",
+                                 "emit.checkpoints.enabled", "sync.group.offsets.enabled",
+                                 "primary->secondary.enabled", "clusters",
+                                 "primary->secondary.sync.group.offsets.enabled", "topics.blacklist"])
 def test_settings_that_undo_the_plan_are_refused(key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace(">", ">")):
         MirrorPlan(A, B, ("t",), options={key: "x"}).properties()
@@ -123,14 +131,32 @@ def test_bad_aliases_are_refused(alias: str) -> None:
 
 
 def test_other_settings_pass_through() -> None:
-    props = MirrorPlan(A, B, ("t",), options={"primary.consumer.fetch.max.wait.ms": "1500",
-                                               "tasks.max": "8"}).properties()
-    assert props["primary.consumer.fetch.max.wait.ms"] == "1500" and props["tasks.max"] == "8"
+    tuning = {"primary.consumer.fetch.max.wait.ms": "1500", "tasks.max": "8",
+              "refresh.topics.interval.seconds": "30", "emit.checkpoints.interval.seconds": "5",
+              "primary->secondary.sync.group.offsets.interval.seconds": "5"}
+    props = MirrorPlan(A, B, ("t",), options=tuning).properties()
+    assert all(props[k] == v for k, v in tuning.items())
 
 
-def test_a_topic_mirrormaker_takes_for_its_own_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"orders\.internal cannot be mirrored"):
-        MirrorPlan(A, B, ("t", "orders.internal"))
+@pytest.mark.parametrize("topic", ["orders.internal", "orders-internal", ".hidden", "__other"])
+def test_a_topic_mirrormaker_takes_for_its_own_is_refused(topic: str) -> None:
+    with pytest.raises(ConfigError, match="cannot be mirrored"):
+        MirrorPlan(A, B, ("t", topic))
+    MirrorPlan(A, B, ("__streamsched.state.x",))  # streamsched's own are mirrored
+
+
+def test_one_mirror_per_workdir(tmp_path: Path) -> None:
+    plan = MirrorPlan(A, B, ("t",))
+    first = MirrorMaker(plan, tmp_path)
+    first.claim_workdir()
+    with pytest.raises(BrokerError, match="running already"):
+        MirrorMaker(plan, tmp_path).claim_workdir()
+    first.stop()  # never started: releases the workdir
+    (tmp_path / "mirror.pid").write_text(f"{os.getpid()}\n")  # a MirrorMaker whose parent died
+    with pytest.raises(BrokerError, match=f"pid {os.getpid()}"):
+        MirrorMaker(plan, tmp_path).claim_workdir()
+    (tmp_path / "mirror.pid").write_text("garbage\n")
+    MirrorMaker(plan, tmp_path).claim_workdir()
 
 
 def test_nothing_to_mirror_is_refused() -> None:
