@@ -74,3 +74,19 @@ async def test_an_unreadable_partition_is_reported_and_the_rest_goes_on(
     assert [(p.partition, p.behind, p.exact, p.error) for p in status.partitions] == [
         (0, None, False, "KafkaTimeoutError"), (1, None, False, "KafkaTimeoutError")]
     assert status.to_dict()["exact"] is False
+
+
+def test_the_status_table_says_what_is_a_bound_and_what_is_unknown() -> None:
+    from streamsched.ops.cli.dr import _status_table
+    from streamsched.ops.dr import MirrorStatus
+
+    status = MirrorStatus(True, [PartitionLag("t", 0, 10, 1, behind=3, behind_s=1.5, outcomes=2),
+                                 PartitionLag("t", 1, 5, 1, behind=None, behind_s=None, exact=False,
+                                              error="KafkaTimeoutError")])
+    lines = _status_table(status).splitlines()
+    assert lines[0] == "behind: at least 3 record(s), oldest 1.5s old; outcomes not mirrored: at least 2"
+    assert lines[1] == "t[0]  mirrored_end=10  behind=3  oldest=1.5s  outcomes=2"
+    assert lines[2] == ("t[1]  mirrored_end=5  behind=?  oldest=-  outcomes=0  unreadable on the primary "
+                        "(KafkaTimeoutError)")
+    gone = _status_table(MirrorStatus(False, [PartitionLag("t", 0, 10, 7)])).splitlines()
+    assert gone[0].startswith("the primary cluster did not answer")
