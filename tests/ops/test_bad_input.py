@@ -63,6 +63,9 @@ NEEDS = {
     ("status",): ["--url", "http://127.0.0.1:1"],
     # The registry commands talk to the registry only (refused at once on port 1).
     ("schemas",): ["--topic", "t", "--registry-url", "http://127.0.0.1:1"],
+    # The primary cluster of a mirror (unreachable too: the secondary is reached first).
+    ("dr", "mirror"): ["--source-bootstrap", UNREACHABLE],
+    ("dr", "status"): ["--source-bootstrap", UNREACHABLE],
 }
 NO_KAFKA_FIRST = {("outbox", "status"): "outbox database", ("outbox", "requeue"): "outbox database"}
 """Commands that fail on their own input before they would talk to Kafka (and what they say)."""
@@ -274,8 +277,8 @@ def test_every_command_meets_each_kind_of_bad_input() -> None:
     commands = {" ".join(w) for w, _ in _leaves(build_parser())}
     covered = {c.id.split(":")[0] for c in CASES if c.id.endswith(": unreachable")}
     offline = {" ".join(w) for w in OFFLINE}
-    # outbox status/requeue read the outbox database only: they take no Kafka flags at all.
+    # outbox status/requeue/resend read the outbox database only: they take no Kafka flags at all.
     assert commands - covered <= {"broker start", "broker stop", "broker status", "status", "outbox status",
-                                  "outbox requeue"} | offline
+                                  "outbox requeue", "outbox resend"} | offline
     tried = {name for c in CASES for name in c.env}
     assert tried >= {v.name for v in settings.VARIABLES if _bad(v)}
