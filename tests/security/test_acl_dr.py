@@ -1,5 +1,6 @@
 """The disaster-recovery roles (``acl plan --role mirror-source|mirror-target|failover``), proven on
-two secured clusters: MirrorMaker 2 (``streamsched dr mirror``) running as a principal holding
+two secured clusters: MirrorMaker 2 (``streamsched dr mirror``, reading the primary over SASL_SSL)
+running as a principal holding
 exactly the mirror-source ACLs on the primary and the mirror-target ACLs on the secondary copies
 the records (the state topic included) and translates the group's offsets, with no authorization
 error in its log; ``dr failover`` as a principal holding exactly the failover ACLs commits them;
@@ -31,6 +32,20 @@ PARTITIONS = 2
 APP = "consumers.due_runs:app"
 
 
+def tls_client_file(cluster: LocalCluster, user: str, where: Path) -> Path:
+    """A connection file of ``user`` to ``cluster``'s SASL_SSL listener (its CA verified): the
+    mirror reads the primary over TLS, so the PEM trust store reaches MirrorMaker's Java clients."""
+    assert cluster.security is not None
+    secret = where / f"{user}.password"
+    secret.write_text(cluster.security.password(user).reveal())
+    path = where / f"{user}-tls.toml"
+    path.write_text(f'bootstrap = "{cluster.tls_bootstrap}"\nsecurity_protocol = "SASL_SSL"\n\n'
+                    f'[sasl]\nmechanism = "SCRAM-SHA-512"\nusername = "{user}"\n'
+                    f'password_file = "{secret}"\n\n'
+                    f'[ssl]\ncafile = "{cluster.security.ca_file}"\n')
+    return path
+
+
 async def test_mirror_and_failover_roles_suffice_on_secured_clusters(secure: LocalCluster,
                                                                       tmp_path: Path) -> None:
     assert secure.security is not None
@@ -45,7 +60,8 @@ async def test_mirror_and_failover_roles_suffice_on_secured_clusters(secure: Loc
     await asyncio.to_thread(b.start)
     mirror: subprocess.Popen[bytes] | None = None
     try:
-        a_files = {u: secure.security.write_client_file(secure.bootstrap, u) for u in ("admin", "mirror")}
+        a_files = {"admin": secure.security.write_client_file(secure.bootstrap, "admin"),
+                   "mirror": tls_client_file(secure, "mirror", tmp_path)}
         b_files = {u: b_security.write_client_file(b.bootstrap, u)
                    for u in ("admin", "mirror", "dr_operator", "intruder")}
 
