@@ -12,16 +12,21 @@ topics) and ``G`` over their groups (each scheduler's, each catalog's ticker gro
 
 **mirror-target**, MirrorMaker's principal on the secondary (``A`` its name of the primary)::
 
-    TOPIC  T                  CREATE, WRITE, READ, DESCRIBE,     create if missing, write the
-                              DESCRIBE_CONFIGS, ALTER_CONFIGS    copies, keep the settings in step;
-                                                                 READ: committing a translated
-                                                                 offset of T needs it
+    TOPIC  T                  WRITE, READ, DESCRIBE,             write the copies, keep their
+                              ALTER_CONFIGS                      settings in step; READ: committing
+                                                                 a translated offset of T needs it
     TOPIC  mm2- (prefixed)    CREATE, READ, WRITE, DESCRIBE,     its own state: configs, offsets,
                               DESCRIBE_CONFIGS                   status, offset syncs
-    TOPIC  A.checkpoints.internal, heartbeats   likewise         translated offsets; liveness
+    TOPIC  A.checkpoints.internal               likewise         translated offsets
+    TOPIC  heartbeats         CREATE, WRITE, DESCRIBE,           liveness
+                              DESCRIBE_CONFIGS
     GROUP  G                  READ, DESCRIBE                     commit the translated offsets
-    GROUP  A-mm2              READ, DESCRIBE                     its own worker group
-    CLUSTER kafka-cluster     DESCRIBE                           list the groups
+    GROUP  A-mm2              READ                               its own worker group
+
+No CREATE on ``T``: the secondary's topics are an operator's, made with ``topics apply
+--source-*`` (which checks them against the primary's); MirrorMaker cannot make one of another
+shape. Each binding was found needed by running without it, or kept for a check MirrorMaker makes
+of its own topics (DESCRIBE_CONFIGS: that they are compacted).
 
 **failover**, the operator who runs ``streamsched dr failover`` on the secondary::
 
@@ -77,16 +82,16 @@ def plan_mirror_target(topics: Iterable[str], groups: Iterable[str], principal: 
     alias = check_alias(source_alias)
     plan = _Plan(principal)
     for topic in t:
-        plan.add("TOPIC", topic, ("CREATE", "WRITE", "READ", "DESCRIBE", "DESCRIBE_CONFIGS", "ALTER_CONFIGS"),
-                 "mirrored: create, write the copies, keep settings in step, commit translated offsets")
+        plan.add("TOPIC", topic, ("WRITE", "READ", "DESCRIBE", "ALTER_CONFIGS"),
+                 "mirrored: write the copies, keep settings in step, commit translated offsets")
     plan.add("TOPIC", "mm2-", _OWN, "MirrorMaker's own configs, offsets, status, offset syncs",
              pattern="PREFIXED")
     plan.add("TOPIC", checkpoints_topic(alias), _OWN, "translated group offsets")
-    plan.add("TOPIC", "heartbeats", _OWN, "MirrorMaker's heartbeats")
+    plan.add("TOPIC", "heartbeats", ("CREATE", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"),
+             "MirrorMaker's heartbeats")
     for group in g:
         plan.add("GROUP", group, ("READ", "DESCRIBE"), "mirrored group: commit translated offsets")
-    plan.add("GROUP", f"{alias}-mm2", ("READ", "DESCRIBE"), "MirrorMaker's own worker group")
-    plan.add("CLUSTER", CLUSTER, ("DESCRIBE",), "list the groups")
+    plan.add("GROUP", f"{alias}-mm2", ("READ",), "MirrorMaker's own worker group")
     return plan.done()
 
 
