@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from streamsched.errors import BrokerError
 from streamsched.kafka import clients
@@ -434,7 +435,9 @@ async def _wait_ready(conn: clients.Connection, timeout: float, expect: int,
         client = clients.admin(conn, request_timeout_ms=5000)
         try:
             await client.start()
-            if len((await client.describe_cluster())["brokers"]) >= expect:
+            brokers = (await client.describe_cluster())["brokers"]
+            # A broker is listed once registered; its client listener may accept a moment later.
+            if len(brokers) >= expect and await _all_accept(brokers):
                 logging.getLogger("aiokafka").setLevel(logging.NOTSET)
                 return
         except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
@@ -444,6 +447,18 @@ async def _wait_ready(conn: clients.Connection, timeout: float, expect: int,
         await asyncio.sleep(0.3)
     logging.getLogger("aiokafka").setLevel(logging.NOTSET)
     raise BrokerError(f"broker at {conn.bootstrap} not ready after {timeout:.0f}s ({type(last).__name__})")
+
+
+async def _all_accept(brokers: list[dict[str, Any]]) -> bool:
+    """Whether every listed broker accepts a connection on its advertised address."""
+    for b in brokers:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(b["host"], int(b["port"])), 2.0)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        await writer.wait_closed()
+    return True
 
 
 def status(data_dir: Path) -> dict[str, object]:
