@@ -379,11 +379,12 @@ def stop_nodes(node_dirs: list[Path], *, timeout: float = 30.0) -> None:
     is the last one running (it waited out the whole ``timeout``, 30 s)."""
     quorum = len(node_dirs) // 2 + 1
     for i, node_dir in enumerate(node_dirs):
-        running = sum(_pid_file_alive(d / "pid") for d in node_dirs[i:])
+        running = sum(pid_file_alive(d / "pid") for d in node_dirs[i:])
         stop_pid_file(node_dir / "pid", timeout=timeout if running >= quorum else NO_QUORUM_STOP_S)
 
 
-def _pid_file_alive(pid_file: Path) -> bool:
+def pid_file_alive(pid_file: Path) -> bool:
+    """Whether the process ``pid_file`` names is alive (no file, or garbage in it: not)."""
     try:
         pid = int(pid_file.read_text().strip() or 0)
     except (OSError, ValueError):

@@ -39,6 +39,7 @@ from typing import IO
 
 from streamsched.errors import BrokerError, ConfigError
 from streamsched.kafka.clients import Connection
+from streamsched.ops.broker import pid_file_alive
 from streamsched.ops.broker_jars import cache_root, java, logging_config, run_mvn
 from streamsched.ops.broker_security import private_file
 
@@ -251,18 +252,6 @@ def _death_signal() -> Callable[[], None] | None:
     return arm
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _unicode_escape(char: str) -> str:
     """``char`` as Java's properties escapes (UTF-16 code units: a surrogate pair past U+FFFF)."""
     raw = char.encode("utf-16-be")
@@ -294,10 +283,9 @@ class MirrorMaker:
                               f"another --workdir") from None
         self._lock = held
         pid_file = self.workdir / "mirror.pid"
-        text = pid_file.read_text().strip() if pid_file.exists() else ""
-        if text.isdigit() and _alive(int(text)):
-            raise BrokerError(f"a MirrorMaker of {self.workdir} is running already (pid {text}): stop it "
-                              f"first, or give another --workdir")
+        if pid_file_alive(pid_file):
+            raise BrokerError(f"a MirrorMaker of {self.workdir} is running already (pid "
+                              f"{pid_file.read_text().strip()}): stop it first, or give another --workdir")
 
     def start(self) -> MirrorMaker:
         self.claim_workdir()
