@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -102,45 +103,62 @@ async def coordinators(bootstrap: clients.Conn, group: str, topic: str, partitio
         await admin.close()
 
 
-async def read_topic(bootstrap: clients.Conn, topic: str, *, timeout_s: float = 60.0,
-                     max_records: int = MAX_READ_RECORDS,
-                     read_committed: Literal[True] = True) -> list[ConsumerRecord]:
-    """Every record of ``topic`` from the beginning to its current end.
-
-    Raises :class:`BoundExceeded` (bound ``records read from <topic>``) rather than return more
-    than ``max_records`` or a truncated list. ``read_committed`` is always true; the keyword is
-    accepted for callers that spell it out.
-    """
+async def stream_topic(bootstrap: clients.Conn, topic: str, *, timeout_s: float = 60.0,
+                       **options: Any) -> AsyncGenerator[ConsumerRecord, None]:
+    """Every record of ``topic`` from the beginning to its end when the read starts (read_committed),
+    partition by partition, as they arrive: a reader that keeps only what it needs holds no more.
+    ``options`` go to the consumer; ``TimeoutError`` past ``timeout_s``."""
     from aiokafka import TopicPartition
 
-    if read_committed is not True:
-        raise ConfigError("reads are always read_committed")
-    consumer = clients.consumer(bootstrap)
+    consumer = clients.consumer(bootstrap, **options)
     await consumer.start()
-    out: list[ConsumerRecord] = []
     try:
         await compat.refresh_metadata(consumer)
         parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         if not tps:
-            return out
+            return
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         end = await consumer.end_offsets(tps)
         deadline = time.monotonic() + timeout_s
         for tp in tps:
-            while await consumer.position(tp) < end[tp]:
+            # The position after a seek waits for an offset lookup, which a partition without a
+            # leader never answers: bounded by the same deadline.
+            while await asyncio.wait_for(consumer.position(tp), max(0.1, deadline - time.monotonic())) \
+                    < end[tp]:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"reading {topic} did not reach its end in {timeout_s}s")
                 batch = await consumer.getmany(tp, timeout_ms=500)
-                out.extend(batch.get(tp, ()))
-                if len(out) > max_records:
-                    # Topic names are not payloads: safe to log.
-                    log.warning("reading %s stopped: more than %d records", topic, max_records)
-                    raise BoundExceeded(f"records read from {topic}", max_records, len(out))
-        return out
+                for rec in batch.get(tp, ()):
+                    yield rec
     finally:
         await consumer.stop()
+
+
+async def read_topic(bootstrap: clients.Conn, topic: str, *, timeout_s: float = 60.0,
+                     max_records: int = MAX_READ_RECORDS,
+                     read_committed: Literal[True] = True) -> list[ConsumerRecord]:
+    """Every record of ``topic`` from the beginning to its current end (:func:`stream_topic`).
+
+    Raises :class:`BoundExceeded` (bound ``records read from <topic>``) rather than return more
+    than ``max_records`` or a truncated list. ``read_committed`` is always true; the keyword is
+    accepted for callers that spell it out.
+    """
+    if read_committed is not True:
+        raise ConfigError("reads are always read_committed")
+    out: list[ConsumerRecord] = []
+    stream = stream_topic(bootstrap, topic, timeout_s=timeout_s)
+    try:
+        async for rec in stream:
+            out.append(rec)
+            if len(out) > max_records:
+                # Topic names are not payloads: safe to log.
+                log.warning("reading %s stopped: more than %d records", topic, max_records)
+                raise BoundExceeded(f"records read from {topic}", max_records, len(out))
+    finally:
+        await stream.aclose()  # the consumer stops now, not when the generator is collected
+    return out
 
 
 async def read_partition(bootstrap: clients.Conn, topic: str, partition: int, *, start: int | None = None,

@@ -311,37 +311,24 @@ async def read_checkpoints(target: clients.Conn, topic: str, groups: Iterable[st
     ``topic``, read to its end as it streams by: memory holds one checkpoint per key, whatever
     the topic's length (compaction may lag far behind a checkpoint a second). A record that is
     not a checkpoint, or another group's, is passed over."""
-    from aiokafka import TopicPartition
 
-    from streamsched.kafka import compat
+
+    from streamsched.kafka.reads import stream_topic
 
     wanted = set(groups)
     newest: dict[tuple[str, str, int], Checkpoint] = {}
-    consumer = clients.consumer(target, max_partition_fetch_bytes=4 * 1024 * 1024)
-    await consumer.start()
+    stream = stream_topic(target, topic, timeout_s=timeout_s, max_partition_fetch_bytes=4 * 1024 * 1024)
     try:
-        await compat.refresh_metadata(consumer)
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        if not tps:
-            return newest
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        deadline = time.monotonic() + timeout_s
-        for tp in tps:
-            while await _position(consumer, tp) < end[tp]:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"reading {topic} did not reach its end in {timeout_s:.0f}s")
-                for rec in (await consumer.getmany(tp, timeout_ms=1000, max_records=5000)).get(tp, []):
-                    try:
-                        cp = decode_checkpoint(rec.key, rec.value)
-                    except DecodeError:
-                        continue  # a tombstone, a newer layout: not a position to move to
-                    if cp.group in wanted:
-                        newest[(cp.group, cp.topic, cp.partition)] = cp
-        return newest
+        async for rec in stream:
+            try:
+                cp = decode_checkpoint(rec.key, rec.value)
+            except DecodeError:
+                continue  # a tombstone, a newer layout: not a position to move to
+            if cp.group in wanted:
+                newest[(cp.group, cp.topic, cp.partition)] = cp
     finally:
-        await consumer.stop()
+        await stream.aclose()
+    return newest
 
 
 async def failover(target: clients.Conn, groups: Iterable[str], checkpoints_topic: str, *,
