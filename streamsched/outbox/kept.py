@@ -33,7 +33,6 @@ DbConnection = Any
 class Dialect(Protocol):
     """What this module uses of :class:`streamsched.outbox.sql.Dialect` (which imports this one)."""
 
-    name: str
     blob: str
     lock_rows: str
 
@@ -42,6 +41,8 @@ class Dialect(Protocol):
     def now_ns(self, conn: DbConnection) -> int: ...
 
     def write(self, conn: DbConnection) -> AbstractContextManager[None]: ...
+
+    def table_exists(self, conn: DbConnection, name: str) -> bool: ...
 
 _KEPT = "topic, event_id, key, value, created_ns, traceparent"
 _CHUNK = 500
@@ -115,12 +116,7 @@ def resend(conn: DbConnection, d: Dialect, table: str, since_ns: int, topic: str
 
 def exists(conn: DbConnection, d: Dialect, table: str) -> bool:
     """Whether ``<table>_sent`` exists (an outbox table made before kept intents has none)."""
-    s = sent_table(table)
-    if d.name == "sqlite":
-        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [s]).fetchone() \
-            is not None
-    row = conn.execute("SELECT to_regclass(%s)", [s]).fetchone()
-    return bool(row and row[0] is not None)
+    return d.table_exists(conn, sent_table(table))
 
 
 def count(conn: DbConnection, d: Dialect, table: str) -> int:

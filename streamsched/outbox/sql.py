@@ -132,6 +132,10 @@ class Dialect:
         """The SQL of "now" in an INSERT, and its parameters."""
         return "?", [now]
 
+    def table_exists(self, conn: DbConnection, name: str) -> bool:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                            [name]).fetchone() is not None
+
     @contextmanager
     def write(self, conn: DbConnection) -> Iterator[None]:
         """A write transaction on the relay's own connection (opened in autocommit mode)."""
@@ -160,6 +164,10 @@ class PostgresDialect(Dialect):
 
     def insert_now(self, now: int) -> tuple[str, list[object]]:
         return _PG_NOW, []
+
+    def table_exists(self, conn: DbConnection, name: str) -> bool:
+        row = conn.execute("SELECT to_regclass(%s)", [name]).fetchone()  # needs no privilege
+        return bool(row and row[0] is not None)
 
     @contextmanager
     def write(self, conn: DbConnection) -> Iterator[None]:
@@ -218,14 +226,10 @@ def require_table(conn: DbConnection, table: str, dsn: str) -> None:
     """A :class:`ConfigError` when ``table`` does not exist: status, requeue and a relay started
     without ``--create-schema`` say so instead of failing on a missing table (exit 4)."""
     t = check_table(table)
-    if dialect_of(conn) is SQLITE:
-        row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [t]).fetchone()
-        where = dsn[len("sqlite:///"):]
-    else:
-        row = conn.execute("SELECT to_regclass(%s)", [t]).fetchone()
-        row = row if row and row[0] is not None else None
-        where = "the PostgreSQL database"  # not the DSN: it may carry a password
-    if row is None:
+    d = dialect_of(conn)
+    # Not the PostgreSQL DSN: it may carry a password.
+    where = dsn[len("sqlite:///"):] if d is SQLITE else "the PostgreSQL database"
+    if not d.table_exists(conn, t):
         raise ConfigError(f"outbox table {t} does not exist in {where}: run `streamsched outbox relay "
                           "--create-schema` (or Outbox.ensure_schema) to create it")
 
