@@ -234,22 +234,22 @@ def cmd_outbox(args: argparse.Namespace) -> int:
 
 
 def since_time_ns(text: str) -> int:
-    """``--since``: an ISO 8601 time (UTC without an offset), or a duration before now (``5m``)."""
+    """``--since``: an ISO 8601 time (UTC without an offset; replay's parser), or a duration
+    before now (``5m``)."""
     import time
-    from datetime import UTC, datetime
 
     from streamsched.model.durations import parse_duration
+    from streamsched.ops.replay import parse_time
 
     try:
         return time.time_ns() - int(parse_duration(text) * 1e9)
     except (ConfigError, ValueError):
         pass
     try:
-        at = datetime.fromisoformat(text.strip())
-    except ValueError:
+        return parse_time(text) * 1_000_000
+    except ConfigError:
         raise ConfigError(f"--since expects an ISO 8601 time such as 2026-01-31T12:00:00Z or a duration "
                           f"such as 15m, got {text!r}") from None
-    return int((at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() * 1_000_000) * 1000
 
 
 # --- replay ---------------------------------------------------------------------------------------
